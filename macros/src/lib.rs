@@ -1,0 +1,1 @@
+//! Procedural macros of mxswitch. The `#[precision]` attribute lands here.

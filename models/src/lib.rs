@@ -1,0 +1,1 @@
+//! Models written against the mxswitch runtime.

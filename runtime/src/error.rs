@@ -1,0 +1,24 @@
+//! The runtime's error type. Every failure on user data is one of these, never a panic.
+
+/// Errors of the runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A tensor's amax was NaN or Inf, so it cannot be scaled (SPEC section 3).
+    #[error("non-finite amax ({amax}) in tensor `{tensor}`: it cannot be quantized; look for NaN or Inf upstream")]
+    NonFiniteAmax { tensor: String, amax: f32 },
+    /// A shape did not fit what an operation needs.
+    #[error("shape error: {0}")]
+    Shape(String),
+    /// An axis index outside the tensor's rank.
+    #[error("axis {axis} is out of range for a tensor of rank {rank}")]
+    AxisOutOfRange { axis: isize, rank: usize },
+    /// An option that the chosen format or operation does not accept.
+    #[error("invalid option: {0}")]
+    InvalidOption(String),
+    /// A combination that is valid but not implemented.
+    #[error("not implemented: {0}")]
+    NotImplemented(String),
+}
+
+/// Result with the runtime's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,9 @@
+//! mxswitch runtime: the numbers (element formats and quantizers, bit-exact to
+//! SPEC.md), tensors with a tape-based autograd, CPU ops, the quantized-linear
+//! recipes and the optimizer.
+
+pub mod error;
+pub mod formats;
+pub mod quant;
+
+pub use error::{Error, Result};

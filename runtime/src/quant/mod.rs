@@ -1,0 +1,16 @@
+//! Quantizers: MX block scaling (`mx`) and FP8 tensorwise scaling (`fp8`),
+//! with the Hadamard rotation and the Philox generator they share.
+//! `dispatch` is the one place that maps a user-facing format name to them.
+
+pub mod dispatch;
+pub mod fp8;
+pub mod hadamard;
+pub mod mx;
+pub mod philox;
+pub mod scale;
+
+pub use dispatch::{QuantFormat, Quantized};
+pub use fp8::{amax, amax_to_scale, quantize_tensorwise, Fp8Tensor};
+pub use mx::{quantize_mx, quantize_rows, MxConfig, MxTensor, BLOCK};
+pub use philox::SrKey;
+pub use scale::ScaleMode;

@@ -1,0 +1,7 @@
+//! mxswitch: compile-time-checked low-precision training.
+//!
+//! This facade re-exports the runtime (formats, quantizers, tensors), the
+//! `#[precision]` macros and the models, and hosts the `mxswitch` command line.
+
+pub use mxswitch_models as models;
+pub use mxswitch_runtime as runtime;
