@@ -198,19 +198,29 @@ fn magnitude_code(s: MiniFloat, a: f32) -> u32 {
 }
 
 /// Satfinite RNE encoding of one f32 into the format `s`.
+///
+/// Written as selects without early returns so that loops over it vectorize.
 #[inline(always)]
 pub fn encode_rne(s: MiniFloat, x: f32) -> u8 {
     let bits = x.to_bits();
     let sign = (bits >> 31) as u8;
-    let code = magnitude_code(s, f32::from_bits(bits & 0x7FFF_FFFF)) as u8;
+    let mag = magnitude_code(s, f32::from_bits(bits & 0x7FFF_FFFF)) as u8;
+    let signed = apply_sign(s, mag, sign);
     if x.is_nan() {
-        return nan_code(s, sign);
-    }
-    let sign_bit = sign << (s.exp_bits + s.man_bits);
-    if s.nan == NanStyle::Fnuz && code == 0 {
-        0 // FNUZ has no negative zero: -0.0 and tiny negatives encode to 0x00.
+        nan_code(s, sign)
     } else {
-        code | sign_bit
+        signed
+    }
+}
+
+/// Put the sign on a magnitude code; FNUZ has no negative zero.
+#[inline(always)]
+fn apply_sign(s: MiniFloat, mag: u8, sign: u8) -> u8 {
+    let signed = mag | (sign << (s.exp_bits + s.man_bits));
+    if s.nan == NanStyle::Fnuz && mag == 0 {
+        0
+    } else {
+        signed
     }
 }
 
@@ -244,12 +254,7 @@ pub fn encode_sr(s: MiniFloat, x: f32, r: u32) -> u8 {
     let frac = (a - lo_val) / step;
     let up = ((r >> 8) as f32) < frac * 16_777_216.0;
     let code = (lo_code + up as u32).min(s.max_code as u32) as u8;
-    let sign_bit = sign << (s.exp_bits + s.man_bits);
-    if s.nan == NanStyle::Fnuz && code == 0 {
-        0
-    } else {
-        code | sign_bit
-    }
+    apply_sign(s, code, sign)
 }
 
 /// Exact decoding of one code of format `s`.

@@ -5,5 +5,6 @@
 pub mod error;
 pub mod formats;
 pub mod quant;
+mod simd;
 
 pub use error::{Error, Result};

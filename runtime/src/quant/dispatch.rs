@@ -70,7 +70,10 @@ impl FromStr for QuantFormat {
             .find(|f| f.name() == s)
             .ok_or_else(|| {
                 let names: Vec<&str> = QuantFormat::ALL.iter().map(|f| f.name()).collect();
-                Error::InvalidOption(format!("unknown format `{s}`; expected one of {}", names.join(", ")))
+                Error::InvalidOption(format!(
+                    "unknown format `{s}`; expected one of {}",
+                    names.join(", ")
+                ))
             })
     }
 }
@@ -93,7 +96,13 @@ pub enum Quantized {
 }
 
 /// Quantize `x` of `shape` to `format`; `name` labels errors.
-pub fn quantize(x: &[f32], shape: &[usize], format: QuantFormat, opts: &QuantOptions, name: &str) -> Result<Quantized> {
+pub fn quantize(
+    x: &[f32],
+    shape: &[usize],
+    format: QuantFormat,
+    opts: &QuantOptions,
+    name: &str,
+) -> Result<Quantized> {
     match format.default_config() {
         Some(mut cfg) => {
             if let Some(m) = opts.scale_mode {

@@ -7,6 +7,7 @@
 use rayon::prelude::*;
 
 use crate::formats::{encode_rne, ElemFormat, MiniFloat};
+use crate::simd::with_avx2;
 use crate::{Error, Result};
 
 /// Elements per rayon task.
@@ -29,7 +30,12 @@ pub struct Fp8Tensor {
 pub fn amax(x: &[f32]) -> f32 {
     let m = x
         .par_chunks(CHUNK)
-        .map(|c| c.iter().fold(0i32, |m, v| m.max((v.to_bits() & 0x7FFF_FFFF) as i32)))
+        .map(|c| {
+            with_avx2(#[inline(always)] || {
+                c.iter()
+                    .fold(0i32, |m, v| m.max((v.to_bits() & 0x7FFF_FFFF) as i32))
+            })
+        })
         .max()
         .unwrap_or(0);
     f32::from_bits(m as u32)
@@ -52,7 +58,13 @@ pub fn amax_to_scale(amax: f32, elem: ElemFormat, pow2: bool) -> f32 {
 
 /// Quantize a whole tensor with one dynamic scale. `name` identifies the
 /// tensor in the error raised for a NaN or Inf amax.
-pub fn quantize_tensorwise(x: &[f32], shape: &[usize], elem: ElemFormat, pow2: bool, name: &str) -> Result<Fp8Tensor> {
+pub fn quantize_tensorwise(
+    x: &[f32],
+    shape: &[usize],
+    elem: ElemFormat,
+    pow2: bool,
+    name: &str,
+) -> Result<Fp8Tensor> {
     if elem.bits() != 8 {
         return Err(Error::InvalidOption(format!(
             "tensorwise FP8 needs an 8-bit element format, not {elem}"
@@ -87,11 +99,16 @@ pub fn quantize_tensorwise(x: &[f32], shape: &[usize], elem: ElemFormat, pow2: b
 /// codes[i] = satfinite(RNE(fl32(x[i] * scale))), monomorphised per format.
 fn encode_scaled(x: &[f32], scale: f32, elem: ElemFormat, codes: &mut [u8]) {
     fn run(x: &[f32], scale: f32, codes: &mut [u8], s: MiniFloat) {
-        codes.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(|(c, x)| {
-            for (c, &v) in c.iter_mut().zip(x) {
-                *c = encode_rne(s, v * scale);
-            }
-        });
+        codes
+            .par_chunks_mut(CHUNK)
+            .zip(x.par_chunks(CHUNK))
+            .for_each(|(c, x)| {
+                with_avx2(#[inline(always)] || {
+                    for (c, &v) in c.iter_mut().zip(x) {
+                        *c = encode_rne(s, v * scale);
+                    }
+                })
+            });
     }
     const E4M3FN: MiniFloat = ElemFormat::E4M3FN.spec();
     const E5M2: MiniFloat = ElemFormat::E5M2.spec();
@@ -111,7 +128,10 @@ impl Fp8Tensor {
     pub fn dequantize(&self) -> Vec<f32> {
         let table = self.elem.decode_table();
         let inv = self.scale_inv;
-        self.codes.par_iter().map(|&c| table[c as usize] * inv).collect()
+        self.codes
+            .par_iter()
+            .map(|&c| table[c as usize] * inv)
+            .collect()
     }
 
     /// Bytes held: one per element plus the two f32 scalars.

@@ -30,7 +30,10 @@ pub fn hadamard16(g: &mut [f32; GROUP]) {
 
 /// Rotate every consecutive group of 16 of `x`; `x.len()` must be a multiple of 16.
 pub fn hadamard16_inplace(x: &mut [f32]) {
-    assert!(x.len() % GROUP == 0, "Hadamard groups need a multiple of 16 elements");
+    assert!(
+        x.len() % GROUP == 0,
+        "Hadamard groups need a multiple of 16 elements"
+    );
     for chunk in x.chunks_exact_mut(GROUP) {
         let g: &mut [f32; GROUP] = chunk.try_into().expect("chunk of 16");
         hadamard16(g);
@@ -50,7 +53,11 @@ mod tests {
         for (i, gi) in g.iter().enumerate() {
             let want: f64 = (0..16)
                 .map(|j| {
-                    let s = if (i & j).count_ones() % 2 == 0 { 1.0 } else { -1.0 };
+                    let s = if (i & j).count_ones() % 2 == 0 {
+                        1.0
+                    } else {
+                        -1.0
+                    };
                     s * x[j] as f64
                 })
                 .sum::<f64>()

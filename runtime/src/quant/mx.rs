@@ -16,6 +16,7 @@ use super::hadamard::hadamard16_inplace;
 use super::philox::SrKey;
 use super::scale::ScaleMode;
 use crate::formats::{e8m0, encode_rne, encode_sr, ElemFormat, MiniFloat};
+use crate::simd::with_avx2;
 use crate::{Error, Result};
 
 /// Elements per block, and the side of a 2-D tile.
@@ -121,13 +122,15 @@ pub fn swap_last_two<T: Copy + Default + Send + Sync>(
     if x.is_empty() {
         return out;
     }
-    out.par_chunks_mut(a * b).zip(x.par_chunks(a * b)).for_each(|(o, src)| {
-        for i in 0..a {
-            for j in 0..b {
-                o[j * a + i] = src[i * b + j];
+    out.par_chunks_mut(a * b)
+        .zip(x.par_chunks(a * b))
+        .for_each(|(o, src)| {
+            for i in 0..a {
+                for j in 0..b {
+                    o[j * a + i] = src[i * b + j];
+                }
             }
-        }
-    });
+        });
     debug_assert_eq!(out.len(), outer * a * b);
     out
 }
@@ -201,7 +204,13 @@ pub fn quantize_rows(x: &[f32], rows: usize, len: usize, cfg: &MxConfig) -> Resu
 
 /// Zero-pad each row to `padded_len` and apply the Hadamard rotation if asked.
 /// Borrows the input when there is nothing to do.
-fn prepare_rows(x: &[f32], rows: usize, len: usize, padded_len: usize, hadamard: bool) -> Cow<'_, [f32]> {
+fn prepare_rows(
+    x: &[f32],
+    rows: usize,
+    len: usize,
+    padded_len: usize,
+    hadamard: bool,
+) -> Cow<'_, [f32]> {
     if len == padded_len && !hadamard {
         return Cow::Borrowed(x);
     }
@@ -246,7 +255,9 @@ fn tile_scales(data: &[f32], rows: usize, padded_len: usize, cfg: &MxConfig) -> 
             for r in row0..row1 {
                 m = m.max(amax[r * nb + b].to_bits() as i32);
             }
-            let byte = cfg.scale_mode.scale_byte(f32::from_bits(m as u32), cfg.elem);
+            let byte = cfg
+                .scale_mode
+                .scale_byte(f32::from_bits(m as u32), cfg.elem);
             for r in row0..row1 {
                 bytes[r * nb + b] = byte;
             }
@@ -256,61 +267,81 @@ fn tile_scales(data: &[f32], rows: usize, padded_len: usize, cfg: &MxConfig) -> 
 }
 
 /// Encode every block of `data`; `fixed` gives precomputed scale bytes (tiles).
-fn encode_blocks(data: &[f32], fixed: Option<&[u8]>, cfg: &MxConfig, codes: &mut [u8], scales: &mut [u8]) {
+fn encode_blocks(
+    data: &[f32],
+    fixed: Option<&[u8]>,
+    cfg: &MxConfig,
+    codes: &mut [u8],
+    scales: &mut [u8],
+) {
     // Monomorphise the element encoder so its constants fold into the loop.
     const E2M1: MiniFloat = ElemFormat::E2M1.spec();
     const E4M3: MiniFloat = ElemFormat::E4M3FN.spec();
     match (cfg.elem, cfg.sr) {
-        (ElemFormat::E2M1, None) => encode_blocks_with(data, fixed, cfg, codes, scales, |q, _| encode_rne(E2M1, q)),
+        (ElemFormat::E2M1, None) => {
+            encode_blocks_with(data, fixed, cfg, codes, scales, |q, _| encode_rne(E2M1, q))
+        }
         (ElemFormat::E2M1, Some(k)) => {
-            encode_blocks_with(data, fixed, cfg, codes, scales, move |q, i| encode_sr(E2M1, q, k.word(i)))
+            encode_blocks_with(data, fixed, cfg, codes, scales, move |q, i| {
+                encode_sr(E2M1, q, k.word(i))
+            })
         }
-        (_, None) => encode_blocks_with(data, fixed, cfg, codes, scales, |q, _| encode_rne(E4M3, q)),
-        (_, Some(k)) => {
-            encode_blocks_with(data, fixed, cfg, codes, scales, move |q, i| encode_sr(E4M3, q, k.word(i)))
+        (_, None) => {
+            encode_blocks_with(data, fixed, cfg, codes, scales, |q, _| encode_rne(E4M3, q))
         }
+        (_, Some(k)) => encode_blocks_with(data, fixed, cfg, codes, scales, move |q, i| {
+            encode_sr(E4M3, q, k.word(i))
+        }),
     }
 }
 
 /// The block loop: amax, scale byte, then `q = x * 2^(127 - byte)` encoded
 /// by `enc(q, element_index)`. Blocks with the NaN scale get zero codes.
-fn encode_blocks_with<F>(data: &[f32], fixed: Option<&[u8]>, cfg: &MxConfig, codes: &mut [u8], scales: &mut [u8], enc: F)
-where
+fn encode_blocks_with<F>(
+    data: &[f32],
+    fixed: Option<&[u8]>,
+    cfg: &MxConfig,
+    codes: &mut [u8],
+    scales: &mut [u8],
+    enc: F,
+) where
     F: Fn(f32, u64) -> u8 + Sync,
 {
     let packed = cfg.elem == ElemFormat::E2M1;
     let cpb = if packed { BLOCK / 2 } else { BLOCK };
     let (mode, elem) = (cfg.scale_mode, cfg.elem);
     let task = |(t, ((src, out), sc)): (usize, ((&[f32], &mut [u8]), &mut [u8]))| {
-        for (i, (block, (out, s))) in src
-            .chunks_exact(BLOCK)
-            .zip(out.chunks_exact_mut(cpb).zip(sc.iter_mut()))
-            .enumerate()
-        {
-            let b = t * BLOCKS_PER_TASK + i;
-            let byte = match fixed {
-                Some(f) => f[b],
-                None => mode.scale_byte(block_amax(block), elem),
-            };
-            *s = byte;
-            if byte == e8m0::NAN {
-                out.fill(0);
-                continue;
-            }
-            let recip = e8m0::reciprocal(byte);
-            let base = (b * BLOCK) as u64;
-            let mut c = [0u8; BLOCK];
-            for (j, (c, &x)) in c.iter_mut().zip(block).enumerate() {
-                *c = enc(x * recip, base + j as u64);
-            }
-            if packed {
-                for (o, pair) in out.iter_mut().zip(c.chunks_exact(2)) {
-                    *o = pair[0] | (pair[1] << 4);
+        with_avx2(#[inline(always)] || {
+            for (i, (block, (out, s))) in src
+                .chunks_exact(BLOCK)
+                .zip(out.chunks_exact_mut(cpb).zip(sc.iter_mut()))
+                .enumerate()
+            {
+                let b = t * BLOCKS_PER_TASK + i;
+                let byte = match fixed {
+                    Some(f) => f[b],
+                    None => mode.scale_byte(block_amax(block), elem),
+                };
+                *s = byte;
+                if byte == e8m0::NAN {
+                    out.fill(0);
+                    continue;
                 }
-            } else {
-                out.copy_from_slice(&c);
+                let recip = e8m0::reciprocal(byte);
+                let base = (b * BLOCK) as u64;
+                let mut c = [0u8; BLOCK];
+                for (j, (c, &x)) in c.iter_mut().zip(block).enumerate() {
+                    *c = enc(x * recip, base + j as u64);
+                }
+                if packed {
+                    for (o, pair) in out.iter_mut().zip(c.chunks_exact(2)) {
+                        *o = pair[0] | (pair[1] << 4);
+                    }
+                } else {
+                    out.copy_from_slice(&c);
+                }
             }
-        }
+        })
     };
     data.par_chunks(BLOCKS_PER_TASK * BLOCK)
         .zip(codes.par_chunks_mut(BLOCKS_PER_TASK * cpb))
@@ -333,7 +364,11 @@ impl MxTensor {
             .for_each(|((o, c), &byte)| {
                 let s = e8m0::decode(byte);
                 for (j, v) in o.iter_mut().enumerate() {
-                    let code = if packed { (c[j / 2] >> (4 * (j % 2))) & 0xF } else { c[j] };
+                    let code = if packed {
+                        (c[j / 2] >> (4 * (j % 2))) & 0xF
+                    } else {
+                        c[j]
+                    };
                     // A NaN scale dequantizes the whole block to NaN.
                     *v = table[code as usize] * s;
                 }
@@ -346,7 +381,8 @@ impl MxTensor {
     pub fn dequantize(&self) -> Vec<f32> {
         let mut rows = self.dequantize_rows();
         if self.config.hadamard && self.padded_len > 0 {
-            rows.par_chunks_mut(self.padded_len).for_each(hadamard16_inplace);
+            rows.par_chunks_mut(self.padded_len)
+                .for_each(hadamard16_inplace);
         }
         let mut unpadded = Vec::with_capacity(self.rows * self.len);
         for r in rows.chunks(self.padded_len.max(1)).take(self.rows) {
@@ -404,7 +440,13 @@ impl MxTensor {
         } else {
             Cow::Owned(swap_last_two(x, outer, len, inner))
         };
-        let data = prepare_rows(&axis_last, self.rows, self.len, self.padded_len, self.config.hadamard);
+        let data = prepare_rows(
+            &axis_last,
+            self.rows,
+            self.len,
+            self.padded_len,
+            self.config.hadamard,
+        );
         let max = self.config.elem.max_value();
         data.par_chunks(BLOCK)
             .zip(self.scales.par_iter())
