@@ -31,10 +31,13 @@ pub fn amax(x: &[f32]) -> f32 {
     let m = x
         .par_chunks(CHUNK)
         .map(|c| {
-            with_avx2(#[inline(always)] || {
-                c.iter()
-                    .fold(0i32, |m, v| m.max((v.to_bits() & 0x7FFF_FFFF) as i32))
-            })
+            with_avx2(
+                #[inline(always)]
+                || {
+                    c.iter()
+                        .fold(0i32, |m, v| m.max((v.to_bits() & 0x7FFF_FFFF) as i32))
+                },
+            )
         })
         .max()
         .unwrap_or(0);
@@ -103,11 +106,14 @@ fn encode_scaled(x: &[f32], scale: f32, elem: ElemFormat, codes: &mut [u8]) {
             .par_chunks_mut(CHUNK)
             .zip(x.par_chunks(CHUNK))
             .for_each(|(c, x)| {
-                with_avx2(#[inline(always)] || {
-                    for (c, &v) in c.iter_mut().zip(x) {
-                        *c = encode_rne(s, v * scale);
-                    }
-                })
+                with_avx2(
+                    #[inline(always)]
+                    || {
+                        for (c, &v) in c.iter_mut().zip(x) {
+                            *c = encode_rne(s, v * scale);
+                        }
+                    },
+                )
             });
     }
     const E4M3FN: MiniFloat = ElemFormat::E4M3FN.spec();

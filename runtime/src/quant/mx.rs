@@ -311,37 +311,40 @@ fn encode_blocks_with<F>(
     let cpb = if packed { BLOCK / 2 } else { BLOCK };
     let (mode, elem) = (cfg.scale_mode, cfg.elem);
     let task = |(t, ((src, out), sc)): (usize, ((&[f32], &mut [u8]), &mut [u8]))| {
-        with_avx2(#[inline(always)] || {
-            for (i, (block, (out, s))) in src
-                .chunks_exact(BLOCK)
-                .zip(out.chunks_exact_mut(cpb).zip(sc.iter_mut()))
-                .enumerate()
-            {
-                let b = t * BLOCKS_PER_TASK + i;
-                let byte = match fixed {
-                    Some(f) => f[b],
-                    None => mode.scale_byte(block_amax(block), elem),
-                };
-                *s = byte;
-                if byte == e8m0::NAN {
-                    out.fill(0);
-                    continue;
-                }
-                let recip = e8m0::reciprocal(byte);
-                let base = (b * BLOCK) as u64;
-                let mut c = [0u8; BLOCK];
-                for (j, (c, &x)) in c.iter_mut().zip(block).enumerate() {
-                    *c = enc(x * recip, base + j as u64);
-                }
-                if packed {
-                    for (o, pair) in out.iter_mut().zip(c.chunks_exact(2)) {
-                        *o = pair[0] | (pair[1] << 4);
+        with_avx2(
+            #[inline(always)]
+            || {
+                for (i, (block, (out, s))) in src
+                    .chunks_exact(BLOCK)
+                    .zip(out.chunks_exact_mut(cpb).zip(sc.iter_mut()))
+                    .enumerate()
+                {
+                    let b = t * BLOCKS_PER_TASK + i;
+                    let byte = match fixed {
+                        Some(f) => f[b],
+                        None => mode.scale_byte(block_amax(block), elem),
+                    };
+                    *s = byte;
+                    if byte == e8m0::NAN {
+                        out.fill(0);
+                        continue;
                     }
-                } else {
-                    out.copy_from_slice(&c);
+                    let recip = e8m0::reciprocal(byte);
+                    let base = (b * BLOCK) as u64;
+                    let mut c = [0u8; BLOCK];
+                    for (j, (c, &x)) in c.iter_mut().zip(block).enumerate() {
+                        *c = enc(x * recip, base + j as u64);
+                    }
+                    if packed {
+                        for (o, pair) in out.iter_mut().zip(c.chunks_exact(2)) {
+                            *o = pair[0] | (pair[1] << 4);
+                        }
+                    } else {
+                        out.copy_from_slice(&c);
+                    }
                 }
-            }
-        })
+            },
+        )
     };
     data.par_chunks(BLOCKS_PER_TASK * BLOCK)
         .zip(codes.par_chunks_mut(BLOCKS_PER_TASK * cpb))
