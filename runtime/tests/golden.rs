@@ -4,7 +4,9 @@
 //! and every tensorwise scale must match exactly.
 
 use mxswitch_runtime::formats::{bf16, e8m0, ElemFormat};
-use mxswitch_runtime::quant::{amax_to_scale, quantize_rows, quantize_tensorwise, MxConfig, ScaleMode};
+use mxswitch_runtime::quant::{
+    amax_to_scale, quantize_rows, quantize_tensorwise, MxConfig, ScaleMode,
+};
 use serde_json::Value;
 
 fn load(name: &str) -> Value {
@@ -14,7 +16,9 @@ fn load(name: &str) -> Value {
 }
 
 fn hex(v: &Value) -> u32 {
-    let s = v.as_str().unwrap_or_else(|| panic!("expected a hex string, got {v}"));
+    let s = v
+        .as_str()
+        .unwrap_or_else(|| panic!("expected a hex string, got {v}"));
     u32::from_str_radix(s.trim_start_matches("0x"), 16).unwrap()
 }
 
@@ -41,7 +45,9 @@ fn value(v: &Value) -> f32 {
             "-0.0" => -0.0,
             other => panic!("unexpected value string {other}"),
         },
-        v => v.as_f64().unwrap_or_else(|| panic!("expected a number, got {v}")) as f32,
+        v => v
+            .as_f64()
+            .unwrap_or_else(|| panic!("expected a number, got {v}")) as f32,
     }
 }
 
@@ -67,7 +73,10 @@ fn decode_tables_every_bit_pattern() {
             let bits = e["bits"].as_u64().unwrap() as u8;
             let want = f32_hex(&e["f32_bits"]);
             let got = f.decode(bits);
-            assert!(same_f32(got, want), "{name} 0x{bits:02x}: got {got:e}, want {want:e}");
+            assert!(
+                same_f32(got, want),
+                "{name} 0x{bits:02x}: got {got:e}, want {want:e}"
+            );
             checked += 1;
         }
     }
@@ -97,11 +106,19 @@ fn scalar_casts_satfinite() {
                 continue;
             }
             if got as u32 != hex(want) {
-                failures.push(format!("{name} {x:e} ({}): got 0x{got:02x}, want {want}", c["note"]));
+                failures.push(format!(
+                    "{name} {x:e} ({}): got 0x{got:02x}, want {want}",
+                    c["note"]
+                ));
             }
         }
     }
-    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -123,7 +140,12 @@ fn fnuz_tables_decode_and_casts() {
         for c in casts {
             let x = f32_hex(&c["input_f32_bits"]);
             let got = f.encode(x);
-            assert_eq!(got as u32, hex(&c["satfinite"]), "{name} cast of {x:e} ({})", c["note"]);
+            assert_eq!(
+                got as u32,
+                hex(&c["satfinite"]),
+                "{name} cast of {x:e} ({})",
+                c["note"]
+            );
         }
     }
 }
@@ -135,13 +157,25 @@ fn check_mx_blocks(file: &str, cfg: MxConfig) {
     assert_eq!(blocks.len(), 13);
     for b in blocks {
         let name = b["name"].as_str().unwrap();
-        let x: Vec<f32> = b["input_f32_bits"].as_array().unwrap().iter().map(f32_hex).collect();
+        let x: Vec<f32> = b["input_f32_bits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(f32_hex)
+            .collect();
         for mode in ScaleMode::ALL {
             let want = &b[mode.name()];
-            let cfg = MxConfig { scale_mode: mode, ..cfg };
+            let cfg = MxConfig {
+                scale_mode: mode,
+                ..cfg
+            };
             let q = quantize_rows(&x, 1, 32, &cfg).unwrap();
             let ctx = format!("{file} block {name} mode {mode}");
-            assert_eq!(q.scales, vec![want["scale_e8m0"].as_u64().unwrap() as u8], "{ctx}: scale");
+            assert_eq!(
+                q.scales,
+                vec![want["scale_e8m0"].as_u64().unwrap() as u8],
+                "{ctx}: scale"
+            );
             // Codes of a NaN-scale block are 0 (the golden leaves them unspecified: null).
             let want_codes: Vec<u8> = match want["codes"].as_array() {
                 Some(codes) => codes.iter().map(code).collect(),
@@ -158,9 +192,16 @@ fn check_mx_blocks(file: &str, cfg: MxConfig) {
                 assert_eq!(q.codes, want_codes, "{ctx}: codes");
             }
             let deq = q.dequantize();
-            for (i, (got, w)) in deq.iter().zip(want["dequantized"].as_array().unwrap()).enumerate() {
+            for (i, (got, w)) in deq
+                .iter()
+                .zip(want["dequantized"].as_array().unwrap())
+                .enumerate()
+            {
                 let w = value(w);
-                assert!(same_f32(*got, w), "{ctx}: dequantized[{i}] = {got:e}, want {w:e}");
+                assert!(
+                    same_f32(*got, w),
+                    "{ctx}: dequantized[{i}] = {got:e}, want {w:e}"
+                );
             }
         }
     }
@@ -185,7 +226,10 @@ fn tensorwise_scales_torchao() {
             for (col, pow2) in [("torchao", false), ("torchao_pow2", true)] {
                 let want = f32_hex(&row[name][col]["scale_f32_bits"]);
                 let got = amax_to_scale(amax, f, pow2);
-                assert!(same_f32(got, want), "{name} {col} amax {amax:e}: got {got:e}, want {want:e}");
+                assert!(
+                    same_f32(got, want),
+                    "{name} {col} amax {amax:e}: got {got:e}, want {want:e}"
+                );
             }
         }
     }
@@ -195,7 +239,12 @@ fn tensorwise_scales_torchao() {
 fn tensorwise_example_tensor() {
     let g = load("fp8_tensorwise_scales.json");
     let ex = &g["example_tensor_torchao"];
-    let x: Vec<f32> = ex["input_f32_bits"].as_array().unwrap().iter().map(f32_hex).collect();
+    let x: Vec<f32> = ex["input_f32_bits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(f32_hex)
+        .collect();
     for (key, f, pow2) in [
         ("e4m3fn", ElemFormat::E4M3FN, false),
         ("e4m3fn_pow2", ElemFormat::E4M3FN, true),
@@ -204,13 +253,28 @@ fn tensorwise_example_tensor() {
     ] {
         let want = &ex[key];
         let q = quantize_tensorwise(&x, &[x.len()], f, pow2, "example").unwrap();
-        assert_eq!(q.scale.to_bits(), hex(&want["scale_f32_bits"]), "{key} scale");
-        assert_eq!(q.scale_inv.to_bits(), hex(&want["inverse_scale_f32_bits"]), "{key} inverse scale");
+        assert_eq!(
+            q.scale.to_bits(),
+            hex(&want["scale_f32_bits"]),
+            "{key} scale"
+        );
+        assert_eq!(
+            q.scale_inv.to_bits(),
+            hex(&want["inverse_scale_f32_bits"]),
+            "{key} inverse scale"
+        );
         let codes: Vec<u8> = want["codes"].as_array().unwrap().iter().map(code).collect();
         assert_eq!(q.codes, codes, "{key} codes");
         let deq = q.dequantize();
-        for (got, w) in deq.iter().zip(want["dequantized_code_times_inverse_scale"].as_array().unwrap()) {
-            assert!(same_f32(*got, value(w)), "{key} dequantized: {got:e} vs {w}");
+        for (got, w) in deq.iter().zip(
+            want["dequantized_code_times_inverse_scale"]
+                .as_array()
+                .unwrap(),
+        ) {
+            assert!(
+                same_f32(*got, value(w)),
+                "{key} dequantized: {got:e} vs {w}"
+            );
         }
     }
 }
@@ -219,7 +283,14 @@ fn tensorwise_example_tensor() {
 fn tensorwise_rejects_non_finite_amax_by_name() {
     for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
         let x = [1.0, bad, 2.0];
-        let err = quantize_tensorwise(&x, &[3], ElemFormat::E4M3FN, false, "blocks.3.img_qkv.weight").unwrap_err();
+        let err = quantize_tensorwise(
+            &x,
+            &[3],
+            ElemFormat::E4M3FN,
+            false,
+            "blocks.3.img_qkv.weight",
+        )
+        .unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("blocks.3.img_qkv.weight"), "{msg}");
         assert!(msg.contains("non-finite amax"), "{msg}");
@@ -242,9 +313,17 @@ fn bf16_round_trip_on_scalar_inputs() {
         let lo = f32::from_bits(x.to_bits() & 0xFFFF_0000);
         let hi = f32::from_bits((x.to_bits() & 0xFFFF_0000) + 0x1_0000);
         // Above the largest BF16 the next step is 2^128, which rounds to Inf.
-        let hi_f64 = if hi.is_infinite() { hi.signum() as f64 * 2f64.powi(128) } else { hi as f64 };
+        let hi_f64 = if hi.is_infinite() {
+            hi.signum() as f64 * 2f64.powi(128)
+        } else {
+            hi as f64
+        };
         let (dl, dh) = ((x as f64 - lo as f64).abs(), (hi_f64 - x as f64).abs());
-        let want = if dl < dh || (dl == dh && (lo.to_bits() >> 16) & 1 == 0) { lo } else { hi };
+        let want = if dl < dh || (dl == dh && (lo.to_bits() >> 16) & 1 == 0) {
+            lo
+        } else {
+            hi
+        };
         assert!(same_f32(got, want), "bf16({x:e}) = {got:e}, want {want:e}");
     }
 }
