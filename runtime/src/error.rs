@@ -15,6 +15,15 @@ pub enum Error {
     /// An option that the chosen format or operation does not accept.
     #[error("invalid option: {0}")]
     InvalidOption(String),
+    /// A device this build has no backend for.
+    #[error("device {device} is not available: this build of mxswitch has only the CPU backend")]
+    DeviceUnavailable { device: String },
+    /// An element type an operation does not accept, or operands whose types differ.
+    #[error("dtype error: {0}")]
+    DType(String),
+    /// Autograd misuse: backward of a tensor without a tape, a gradient of the wrong shape.
+    #[error("autograd: {0}")]
+    Autograd(String),
     /// A combination that is valid but not implemented.
     #[error("not implemented: {0}")]
     NotImplemented(String),

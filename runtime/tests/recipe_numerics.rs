@@ -1,0 +1,371 @@
+//! Numerics of the quantized-linear recipes (SPEC section 4).
+//!
+//! 1. Every GEMM equals a reference that quantizes and dequantizes the same
+//!    operands with the `quant` functions and multiplies in f64, up to f32
+//!    accumulation order: |got - ref| <= (K + 2) * 2^-24 * sum_l |a_l b_l|
+//!    for a reduction of length K (the standard bound for a length-K f32 dot
+//!    product, plus the scale multiply and the output rounding).
+//! 2. Against an unquantized f32 linear the SQNR clears the production bars.
+//! 3. Two runs with the same inputs and seed are bit-identical.
+
+use mxswitch_runtime::formats::bf16;
+use mxswitch_runtime::quant::{quantize_mx, quantize_rows, quantize_tensorwise, MxConfig, SrKey};
+use mxswitch_runtime::recipe::linear::{backward, forward, LinearCtx, LinearGrads, LinearShape};
+use mxswitch_runtime::recipe::{Recipe, RecipeKind};
+
+/// Seeded normal samples (Box-Muller on a 64-bit LCG).
+fn randn(n: usize, seed: u64, std: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut u = move || {
+        s = s
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        ((s >> 40) as f64 + 0.5) / (1u64 << 24) as f64
+    };
+    (0..n)
+        .map(|_| ((-2.0 * u().ln()).sqrt() * (2.0 * std::f64::consts::PI * u()).cos()) as f32 * std)
+        .collect()
+}
+
+const CTX: LinearCtx = LinearCtx {
+    layer: "test.linear",
+    iteration: 5,
+    seed: 42,
+    layer_id: 7,
+};
+
+/// Row-major [r, c] transpose.
+fn t(x: &[f32], r: usize, c: usize) -> Vec<f32> {
+    let mut o = vec![0.0; x.len()];
+    for i in 0..r {
+        for j in 0..c {
+            o[j * r + i] = x[i * c + j];
+        }
+    }
+    o
+}
+
+/// f64 C [m, n] = A [m, k] B [n, k]^T, and the bound of the module docs.
+fn reference_nt(
+    a: &[f32],
+    b: &[f32],
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f64,
+) -> (Vec<f64>, Vec<f64>) {
+    let mut c = vec![0.0; m * n];
+    let mut bound = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let (mut s, mut sa) = (0.0f64, 0.0f64);
+            for l in 0..k {
+                let p = a[i * k + l] as f64 * b[j * k + l] as f64;
+                s += p;
+                sa += p.abs();
+            }
+            c[i * n + j] = s * alpha;
+            bound[i * n + j] = (k as f64 + 2.0) * 2f64.powi(-24) * sa * alpha.abs();
+        }
+    }
+    (c, bound)
+}
+
+fn assert_close(what: &str, got: &[f32], (want, bound): &(Vec<f64>, Vec<f64>)) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut worst = 0.0f64;
+    for (i, ((g, w), b)) in got.iter().zip(want).zip(bound).enumerate() {
+        let err = (*g as f64 - w).abs();
+        assert!(
+            err <= *b + 1e-30,
+            "{what}[{i}]: got {g:e}, reference {w:e}, error {err:e} > bound {b:e}"
+        );
+        worst = worst.max(err / b.max(1e-30));
+    }
+    eprintln!("{what}: worst error {:.3} of the bound", worst);
+}
+
+/// The reference GEMM operands of each recipe, built straight from `quant`.
+fn reference(
+    recipe: &Recipe,
+    x: &[f32],
+    w: &[f32],
+    dy: &[f32],
+    s: LinearShape,
+) -> [(Vec<f64>, Vec<f64>); 3] {
+    let LinearShape { m, k, n } = s;
+    match recipe.kind {
+        RecipeKind::Bf16 => {
+            let r = |v: &[f32]| v.iter().map(|&x| bf16::round(x)).collect::<Vec<f32>>();
+            let (xb, wb, dyb) = (r(x), r(w), r(dy));
+            [
+                reference_nt(&xb, &wb, m, n, k, 1.0),
+                reference_nt(&dyb, &t(&wb, n, k), m, k, n, 1.0),
+                reference_nt(&t(&dyb, m, n), &t(&xb, m, k), n, k, m, 1.0),
+            ]
+        }
+        RecipeKind::Fp8 | RecipeKind::Fp8Fnuz => {
+            let (f, g) = if recipe.kind == RecipeKind::Fp8 {
+                (
+                    mxswitch_runtime::formats::ElemFormat::E4M3FN,
+                    mxswitch_runtime::formats::ElemFormat::E5M2,
+                )
+            } else {
+                (
+                    mxswitch_runtime::formats::ElemFormat::E4M3FNUZ,
+                    mxswitch_runtime::formats::ElemFormat::E5M2FNUZ,
+                )
+            };
+            // Dequantized operands, so alpha is 1 and the scales are inside.
+            let dq = |v: &[f32], sh: &[usize], e| {
+                quantize_tensorwise(v, sh, e, false, "ref")
+                    .unwrap()
+                    .dequantize()
+            };
+            let (xd, wd, dyd) = (dq(x, &[m, k], f), dq(w, &[n, k], f), dq(dy, &[m, n], g));
+            [
+                reference_nt(&xd, &wd, m, n, k, 1.0),
+                reference_nt(&dyd, &t(&wd, n, k), m, k, n, 1.0),
+                reference_nt(&t(&dyd, m, n), &t(&xd, m, k), n, k, m, 1.0),
+            ]
+        }
+        RecipeKind::Mxfp4 | RecipeKind::Mxfp8 => {
+            let elem = if recipe.kind == RecipeKind::Mxfp4 {
+                mxswitch_runtime::formats::ElemFormat::E2M1
+            } else {
+                mxswitch_runtime::formats::ElemFormat::E4M3FN
+            };
+            let cfg = MxConfig {
+                elem,
+                scale_mode: recipe.scale,
+                tile2d: false,
+                hadamard: false,
+                sr: None,
+            };
+            let tiles = MxConfig {
+                tile2d: recipe.tile2d,
+                ..cfg
+            };
+            let sr = |id| {
+                recipe.sr.then_some(SrKey {
+                    seed: CTX.seed,
+                    step: CTX.iteration,
+                    tensor_id: 2 * CTX.layer_id + id,
+                })
+            };
+            let x_k = quantize_rows(x, m, k, &cfg).unwrap();
+            let w_k = quantize_rows(w, n, k, &tiles).unwrap();
+            let dy_n = quantize_rows(dy, m, n, &MxConfig { sr: sr(0), ..cfg }).unwrap();
+            let w_n = quantize_mx(w, &[n, k], 0, &tiles).unwrap();
+            let had = MxConfig {
+                hadamard: recipe.hadamard,
+                ..cfg
+            };
+            let dy_m = quantize_mx(dy, &[m, n], 0, &MxConfig { sr: sr(1), ..had }).unwrap();
+            let x_m = quantize_mx(x, &[m, k], 0, &had).unwrap();
+            let (kp, np, mp) = (x_k.padded_len, dy_n.padded_len, dy_m.padded_len);
+            [
+                reference_nt(
+                    &x_k.dequantize_rows(),
+                    &w_k.dequantize_rows(),
+                    m,
+                    n,
+                    kp,
+                    1.0,
+                ),
+                reference_nt(
+                    &dy_n.dequantize_rows(),
+                    &w_n.dequantize_rows(),
+                    m,
+                    k,
+                    np,
+                    1.0,
+                ),
+                reference_nt(
+                    &dy_m.dequantize_rows(),
+                    &x_m.dequantize_rows(),
+                    n,
+                    k,
+                    mp,
+                    1.0,
+                ),
+            ]
+        }
+    }
+}
+
+fn recipes() -> Vec<Recipe> {
+    let mut v: Vec<Recipe> = RecipeKind::ALL.into_iter().map(Recipe::new).collect();
+    v.push(
+        Recipe::new(RecipeKind::Mxfp4)
+            .with_option("sr", "true")
+            .unwrap(),
+    );
+    v.push(
+        Recipe::new(RecipeKind::Mxfp4)
+            .with_option("scale", "rceil")
+            .unwrap()
+            .with_option("tile2d", "false")
+            .unwrap(),
+    );
+    v
+}
+
+fn run(
+    recipe: &Recipe,
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    dy: &[f32],
+    s: LinearShape,
+) -> (Vec<f32>, LinearGrads, f64) {
+    let (y, saved) = forward(recipe, x, w, Some(b), s, &CTX).unwrap();
+    let bpe = saved.nbytes() as f64 / saved.elements() as f64;
+    let g = backward(recipe, &saved, w, dy, true, s, &CTX).unwrap();
+    (y, g, bpe)
+}
+
+#[test]
+fn every_gemm_matches_the_quantize_dequantize_reference() {
+    // K and N are not multiples of 32, so padding is exercised; M is not either.
+    let s = LinearShape {
+        m: 45,
+        k: 70,
+        n: 38,
+    };
+    let x = randn(s.m * s.k, 1, 1.0);
+    let w = randn(s.n * s.k, 2, 0.1);
+    let b = randn(s.n, 3, 0.1);
+    let dy = randn(s.m * s.n, 4, 0.01);
+    for recipe in recipes() {
+        let (y, g, _) = run(&recipe, &x, &w, &b, &dy, s);
+        let [ry, rdx, rdw] = reference(&recipe, &x, &w, &dy, s);
+        // The bias is added in f32 after the GEMM: remove it before comparing.
+        let y_nobias: Vec<f32> = y.iter().enumerate().map(|(i, v)| v - b[i % s.n]).collect();
+        let ry_bound = (
+            ry.0.clone(),
+            ry.1.iter()
+                .zip(&y)
+                .map(|(bd, v)| bd + 2f64.powi(-23) * (*v as f64).abs() * 2.0)
+                .collect(),
+        );
+        assert_close(&format!("{recipe} y"), &y_nobias, &ry_bound);
+        assert_close(&format!("{recipe} dx"), &g.dx, &rdx);
+        assert_close(&format!("{recipe} dW"), &g.dw, &rdw);
+        let db = g.db.unwrap();
+        for j in 0..s.n {
+            let want: f64 = (0..s.m).map(|i| dy[i * s.n + j] as f64).sum();
+            assert!(
+                (db[j] as f64 - want).abs() <= s.m as f64 * 2f64.powi(-24) * 0.1,
+                "{recipe} db[{j}]"
+            );
+        }
+    }
+}
+
+fn sqnr_db(reference: &[f32], got: &[f32]) -> f64 {
+    let sig: f64 = reference.iter().map(|v| (*v as f64).powi(2)).sum();
+    let err: f64 = reference
+        .iter()
+        .zip(got)
+        .map(|(a, b)| (*a as f64 - *b as f64).powi(2))
+        .sum();
+    10.0 * (sig / err).log10()
+}
+
+#[test]
+fn sqnr_against_an_unquantized_linear() {
+    let s = LinearShape {
+        m: 256,
+        k: 256,
+        n: 512,
+    };
+    let x = randn(s.m * s.k, 11, 1.0);
+    let w = randn(s.n * s.k, 12, 0.05);
+    let b = vec![0.0; s.n];
+    let dy = randn(s.m * s.n, 13, 1e-3);
+    // f32 reference: an exact-operand linear (bf16 recipe code path is not used).
+    let y32 = reference_nt(&x, &w, s.m, s.n, s.k, 1.0).0;
+    let dx32 = reference_nt(&dy, &t(&w, s.n, s.k), s.m, s.k, s.n, 1.0).0;
+    let dw32 = reference_nt(&t(&dy, s.m, s.n), &t(&x, s.m, s.k), s.n, s.k, s.m, 1.0).0;
+    let f = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
+    let (y32, dx32, dw32) = (f(y32), f(dx32), f(dw32));
+    for (kind, y_bar, g_bar) in [
+        (RecipeKind::Fp8, 25.0, 20.0),
+        (RecipeKind::Fp8Fnuz, 25.0, 20.0),
+        (RecipeKind::Mxfp4, 10.0, 10.0),
+        (RecipeKind::Mxfp8, 25.0, 20.0),
+        (RecipeKind::Bf16, 40.0, 40.0),
+    ] {
+        let (y, g, _) = run(&Recipe::new(kind), &x, &w, &b, &dy, s);
+        let (sy, sdx, sdw) = (
+            sqnr_db(&y32, &y),
+            sqnr_db(&dx32, &g.dx),
+            sqnr_db(&dw32, &g.dw),
+        );
+        eprintln!("{kind:>8}: SQNR y {sy:.1} dB, dx {sdx:.1} dB, dW {sdw:.1} dB");
+        assert!(sy >= y_bar, "{kind} y SQNR {sy:.1} dB < {y_bar}");
+        assert!(sdx >= g_bar, "{kind} dx SQNR {sdx:.1} dB < {g_bar}");
+        assert!(sdw >= g_bar, "{kind} dW SQNR {sdw:.1} dB < {g_bar}");
+    }
+}
+
+#[test]
+fn saved_bytes_per_element_follow_the_spec() {
+    let s = LinearShape {
+        m: 256,
+        k: 256,
+        n: 512,
+    };
+    let x = randn(s.m * s.k, 21, 1.0);
+    let w = randn(s.n * s.k, 22, 0.05);
+    let b = vec![0.0; s.n];
+    let dy = randn(s.m * s.n, 23, 1e-3);
+    for kind in RecipeKind::ALL {
+        let (_, _, bpe) = run(&Recipe::new(kind), &x, &w, &b, &dy, s);
+        eprintln!("{kind}: {bpe} saved bytes per element");
+        match kind {
+            RecipeKind::Mxfp4 => assert!((bpe - 0.53125).abs() <= 0.001, "{bpe}"),
+            RecipeKind::Fp8 | RecipeKind::Fp8Fnuz => assert!((1.0..=1.01).contains(&bpe), "{bpe}"),
+            RecipeKind::Mxfp8 => assert!((bpe - 1.03125).abs() <= 0.001, "{bpe}"),
+            RecipeKind::Bf16 => assert_eq!(bpe, 2.0),
+        }
+    }
+}
+
+#[test]
+fn same_inputs_and_seed_give_identical_bits() {
+    let s = LinearShape {
+        m: 64,
+        k: 96,
+        n: 80,
+    };
+    let x = randn(s.m * s.k, 31, 1.0);
+    let w = randn(s.n * s.k, 32, 0.1);
+    let b = randn(s.n, 33, 0.1);
+    let dy = randn(s.m * s.n, 34, 0.01);
+    for recipe in recipes() {
+        let a = run(&recipe, &x, &w, &b, &dy, s);
+        let c = run(&recipe, &x, &w, &b, &dy, s);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a.0), bits(&c.0), "{recipe} y");
+        assert_eq!(bits(&a.1.dx), bits(&c.1.dx), "{recipe} dx");
+        assert_eq!(bits(&a.1.dw), bits(&c.1.dw), "{recipe} dW");
+    }
+}
+
+#[test]
+fn non_finite_inputs_are_named_errors_for_fp8() {
+    let s = LinearShape { m: 4, k: 8, n: 3 };
+    let mut x = randn(32, 41, 1.0);
+    x[5] = f32::NAN;
+    let w = randn(24, 42, 1.0);
+    let err = forward(&Recipe::new(RecipeKind::Fp8), &x, &w, None, s, &CTX)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("test.linear activation, iteration 5"), "{err}");
+    let bad_shape = forward(&Recipe::new(RecipeKind::Mxfp4), &x[..30], &w, None, s, &CTX)
+        .unwrap_err()
+        .to_string();
+    assert!(bad_shape.contains("x has 30 elements"), "{bad_shape}");
+}
