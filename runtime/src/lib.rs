@@ -4,8 +4,10 @@
 
 pub mod error;
 pub mod formats;
+pub mod plan;
 pub mod quant;
 pub mod recipe;
+pub mod schedule;
 mod simd;
 
 pub mod autograd;
@@ -27,3 +29,15 @@ pub use dtype::DType;
 pub use error::{Error, Result};
 pub use shape::{Layout, Shape};
 pub use tensor::Tensor;
+
+/// Items the `#[precision]` macro's generated code names. Not a stable API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::plan::{
+        apply_schedule, check_schedule, LinearSite, Plan, PlanCx, PlanLinear, Planned,
+        PrecisionModel,
+    };
+    pub use crate::quant::ScaleMode;
+    pub use crate::recipe::{Recipe, RecipeKind};
+    pub use crate::schedule::{Order, Phase, Schedule, SwitchReport};
+}
