@@ -198,7 +198,7 @@ fn reverse_tape(root: &Arc<Node>) -> Vec<Arc<Node>> {
 }
 
 /// Gradients of the parameters a backward pass reached.
-#[derive(Clone, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Gradients {
     map: HashMap<ParamId, Tensor>,
 }
@@ -246,22 +246,43 @@ impl Gradients {
 /// Bytes kept for backward passes, summed per label over a tape.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SavedBytes {
-    by_label: BTreeMap<String, usize>,
+    /// (bytes, elements) per label.
+    by_label: BTreeMap<String, (usize, usize)>,
 }
 
 impl SavedBytes {
     /// The bytes saved under `label` (0 if none).
     pub fn get(&self, label: &str) -> usize {
-        self.by_label.get(label).copied().unwrap_or(0)
+        self.by_label.get(label).map_or(0, |e| e.0)
     }
 
     pub fn total(&self) -> usize {
-        self.by_label.values().sum()
+        self.by_label.values().map(|e| e.0).sum()
+    }
+
+    /// Elements the bytes under `label` stand for (as its ops report them).
+    pub fn elements(&self, label: &str) -> usize {
+        self.by_label.get(label).map_or(0, |e| e.1)
+    }
+
+    /// Bytes per element over the labels whose ops report elements (the
+    /// quantized linears): SPEC section 4's measure.
+    pub fn per_element(&self) -> f64 {
+        let (b, e) = self
+            .by_label
+            .values()
+            .filter(|e| e.1 > 0)
+            .fold((0, 0), |a, e| (a.0 + e.0, a.1 + e.1));
+        if e == 0 {
+            0.0
+        } else {
+            b as f64 / e as f64
+        }
     }
 
     /// Labels and bytes, sorted by label.
     pub fn iter(&self) -> impl Iterator<Item = (&str, usize)> {
-        self.by_label.iter().map(|(l, &b)| (l.as_str(), b))
+        self.by_label.iter().map(|(l, e)| (l.as_str(), e.0))
     }
 }
 
@@ -288,11 +309,13 @@ impl Tensor {
                     .into(),
             )
         })?;
-        if grad.shape() != self.shape() {
+        if grad.shape() != self.shape() || grad.dtype() != self.dtype() {
             return Err(Error::Shape(format!(
-                "backward_with: gradient shape {:?} differs from the tensor's {:?}",
+                "backward_with: gradient {:?} {} differs from the tensor's {:?} {}",
                 grad.shape(),
-                self.shape()
+                grad.dtype(),
+                self.shape(),
+                self.dtype()
             )));
         }
         no_grad(|| {
@@ -356,9 +379,11 @@ impl Tensor {
         let mut out = SavedBytes::default();
         if let Some(root) = self.node_ref() {
             for node in reverse_tape(&root.node) {
-                let (label, bytes) = node.op.saved_bytes();
+                let (label, bytes, elements) = node.op.saved_bytes();
                 if bytes > 0 || matches!(node.op, Op::Custom(_)) {
-                    *out.by_label.entry(label).or_insert(0) += bytes;
+                    let e = out.by_label.entry(label).or_insert((0, 0));
+                    e.0 += bytes;
+                    e.1 += elements;
                 }
             }
         }

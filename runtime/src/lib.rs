@@ -4,11 +4,15 @@
 
 pub mod error;
 pub mod formats;
+pub mod linear;
+pub mod module;
 pub mod plan;
 pub mod quant;
 pub mod recipe;
 pub mod schedule;
+pub mod schedule_config;
 mod simd;
+pub mod warmup;
 
 pub mod autograd;
 pub mod backend;
@@ -40,4 +44,6 @@ pub mod __private {
     pub use crate::quant::ScaleMode;
     pub use crate::recipe::{Recipe, RecipeKind};
     pub use crate::schedule::{Order, Phase, Schedule, SwitchReport};
+    pub use crate::schedule_config::schedule_from_ron;
+    pub use crate::Error;
 }

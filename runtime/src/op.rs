@@ -266,12 +266,14 @@ impl Op {
     /// The label and byte count this op keeps for backward. Built-in ops count
     /// the whole buffers their saved tensors hold alive (shared or not);
     /// custom ops report their own count.
-    pub(crate) fn saved_bytes(&self) -> (String, usize) {
+    /// (label, bytes, elements): elements are those of the tensors the
+    /// saved bytes stand for, reported by custom ops only (0 otherwise).
+    pub(crate) fn saved_bytes(&self) -> (String, usize, usize) {
         match self {
-            Op::Custom(c) => (c.label(), c.saved_bytes()),
+            Op::Custom(c) => (c.label(), c.saved_bytes(), c.saved_elements()),
             _ => {
                 let bytes = self.saved_tensors().iter().map(|t| t.buffer_bytes()).sum();
-                (self.name().to_string(), bytes)
+                (self.name().to_string(), bytes, 0)
             }
         }
     }

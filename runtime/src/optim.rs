@@ -34,6 +34,7 @@ impl Default for AdamWConfig {
 }
 
 /// Moments of one parameter and the number of steps it has taken.
+#[derive(Clone)]
 struct Moments {
     step: u64,
     m: Vec<f32>,
@@ -50,6 +51,8 @@ struct Moments {
 /// ```
 ///
 /// Moments are f32; a BF16 parameter is updated in f32 and rounded back.
+/// Cloning copies the whole state (warm-up restores it bit for bit).
+#[derive(Clone)]
 pub struct AdamW {
     config: AdamWConfig,
     state: HashMap<ParamId, Moments>,
@@ -91,6 +94,24 @@ impl AdamW {
     /// Steps taken by a parameter (0 if it never had a gradient).
     pub fn steps(&self, id: ParamId) -> u64 {
         self.state.get(&id).map_or(0, |s| s.step)
+    }
+
+    /// (steps, m, v) of a parameter, for checkpoints.
+    pub fn state(&self, id: ParamId) -> Option<(u64, &[f32], &[f32])> {
+        self.state.get(&id).map(|s| (s.step, &s.m[..], &s.v[..]))
+    }
+
+    /// Restore a parameter's state from a checkpoint.
+    pub fn set_state(&mut self, id: ParamId, step: u64, m: Vec<f32>, v: Vec<f32>) -> Result<()> {
+        if m.len() != v.len() {
+            return Err(Error::Shape(format!(
+                "AdamW state: m has {} values, v has {}",
+                m.len(),
+                v.len()
+            )));
+        }
+        self.state.insert(id, Moments { step, m, v });
+        Ok(())
     }
 
     /// Updates every parameter that has a gradient in `grads`; the others,

@@ -13,6 +13,10 @@ use crate::{Error, Result};
 pub trait PlanLinear {
     fn recipe(&self) -> Recipe;
     fn set_recipe(&mut self, recipe: Recipe);
+    /// Told on every apply where the linear sits (its path and index in the
+    /// plan) and the iteration: a linear uses them to name errors and to key
+    /// stochastic rounding. The default ignores them.
+    fn set_position(&mut self, _site: &LinearSite, _index: usize, _iteration: u64) {}
 }
 
 /// Where a linear sits in the plan.
@@ -202,8 +206,10 @@ pub fn apply_schedule<M: PrecisionModel>(
     let plan = Plan::of(model);
     let a = schedule.assign(iteration, plan.len());
     let current = schedule.phases()[a.phase].recipe;
-    let (mut changed, mut on_current) = (0, 0);
+    let (mut changed, mut on_current, mut index) = (0, 0, 0);
     model.visit_linears_mut(&mut PlanCx::default(), &mut |site, lin| {
+        lin.set_position(&site, index, iteration);
+        index += 1;
         let r = match site.layer {
             Some(l) => a.layers[l],
             None => a.extras,

@@ -289,35 +289,6 @@ impl Layout {
             offset: self.offset,
         })
     }
-
-    /// Start offsets of the maximal contiguous blocks, in row-major order, and
-    /// the block length; copies move whole blocks instead of single elements.
-    pub fn blocks(&self) -> (usize, Vec<usize>) {
-        let dims = self.dims();
-        let mut block = 1;
-        let mut split = dims.len();
-        while split > 0 && (dims[split - 1] == 1 || self.strides[split - 1] == block) {
-            block *= dims[split - 1];
-            split -= 1;
-        }
-        let outer: usize = dims[..split].iter().product();
-        let mut starts = Vec::with_capacity(outer);
-        let mut index = vec![0; split];
-        let mut pos = self.offset;
-        for _ in 0..outer {
-            starts.push(pos);
-            for d in (0..split).rev() {
-                index[d] += 1;
-                pos += self.strides[d];
-                if index[d] < dims[d] {
-                    break;
-                }
-                pos -= index[d] * self.strides[d];
-                index[d] = 0;
-            }
-        }
-        (block, starts)
-    }
 }
 
 #[cfg(test)]
@@ -325,22 +296,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn blocks_of_a_transpose_are_single_elements() {
-        let l = Layout::contiguous(Shape::from([2, 3]))
-            .permute(&[1, 0])
-            .unwrap();
-        let (block, starts) = l.blocks();
-        assert_eq!(block, 1);
-        assert_eq!(starts, vec![0, 3, 1, 4, 2, 5]);
-    }
-
-    #[test]
-    fn blocks_of_a_narrow_are_rows() {
+    fn narrow_keeps_strides_and_moves_the_offset() {
         let l = Layout::contiguous(Shape::from([3, 4]))
             .narrow(1, 1, 2)
             .unwrap();
-        assert_eq!(l.blocks(), (2, vec![1, 5, 9]));
+        assert_eq!(
+            (l.strides(), l.offset(), l.max_extent()),
+            (&[4, 1][..], 1, 11)
+        );
         assert!(!l.is_contiguous());
+        let rows = Layout::contiguous(Shape::from([3, 4]))
+            .narrow(0, 1, 2)
+            .unwrap();
+        assert_eq!(rows.contiguous_range(), Some(4..12));
     }
 
     #[test]

@@ -49,9 +49,10 @@ impl Storage {
         }
     }
 
-    pub(crate) fn to_cpu_storage(&self) -> Result<CpuStorage> {
+    /// Host data, moved out without a copy when it is already on the host.
+    pub(crate) fn into_cpu_storage(self) -> Result<CpuStorage> {
         match self {
-            Storage::Cpu(s) => s.to_cpu_storage(),
+            Storage::Cpu(s) => Ok(s),
         }
     }
 

@@ -195,6 +195,12 @@ impl Tensor {
         is_grad_enabled() && inputs.iter().any(|t| t.tracks_grad())
     }
 
+    /// Wraps a packed buffer that is not the output of a differentiable op
+    /// (a mask, a statistic saved for backward).
+    pub(crate) fn untracked(storage: Storage, shape: Shape) -> Tensor {
+        Tensor::new(Arc::new(storage), Layout::contiguous(shape), None)
+    }
+
     /// Wraps a new packed buffer made from `inputs`, recording `op` when
     /// gradients are tracked. `op` gets the (untracked) output, for ops that
     /// save it, and runs only when recording, so nothing is saved otherwise.
@@ -204,8 +210,7 @@ impl Tensor {
         inputs: &[&Tensor],
         op: impl FnOnce(&Tensor) -> Op,
     ) -> Tensor {
-        let out = Tensor::new(Arc::new(storage), Layout::contiguous(shape), None);
-        out.recorded(inputs, op)
+        Tensor::untracked(storage, shape).recorded(inputs, op)
     }
 
     /// A view of this tensor's buffer with another layout, recorded as `op`.
@@ -262,15 +267,14 @@ impl Tensor {
         if *device == self.device() {
             return Ok(self.clone());
         }
-        let data = self
-            .storage()
-            .copy_strided(self.layout())?
-            .to_cpu_storage()?;
-        Tensor::from_cpu(data, self.shape().clone(), device)
+        Tensor::from_cpu(self.host()?, self.shape().clone(), device)
     }
 
+    /// The elements, packed, in host memory.
     fn host(&self) -> Result<CpuStorage> {
-        self.storage().copy_strided(self.layout())?.to_cpu_storage()
+        self.storage()
+            .copy_strided(self.layout())?
+            .into_cpu_storage()
     }
 
     /// The values as f32, row-major (BF16 widened exactly).

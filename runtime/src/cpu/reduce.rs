@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use super::{for_each_row, PAR_MIN_ELEMS};
+use super::{for_each_row, for_each_row_weighted, PAR_MIN_ELEMS};
 use crate::op::ReduceOp;
 
 /// Reduces the middle axis of `x` viewed as `[outer, n, inner]` into `[outer, inner]`.
@@ -10,7 +10,7 @@ pub(super) fn reduce(x: &[f32], outer: usize, n: usize, inner: usize, op: Reduce
     let mut out = vec![0f32; outer * inner];
     if inner == 1 {
         // Each output is a reduction of a packed row.
-        for_each_row(&mut out, 1, |o, dst| {
+        for_each_row_weighted(&mut out, 1, n, |o, dst| {
             dst[0] = reduce_row(&x[o * n..(o + 1) * n], op)
         });
         return out;

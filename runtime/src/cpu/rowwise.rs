@@ -2,7 +2,7 @@
 //! RMS normalization, interleaved RoPE. Statistics accumulate in f64 so they
 //! do not depend on row length or thread split.
 
-use super::for_each_row;
+use super::{for_each_row, for_each_row_weighted};
 
 /// Numerically stable softmax of each row of length `d`.
 pub(super) fn softmax(x: &[f32], d: usize) -> Vec<f32> {
@@ -28,7 +28,7 @@ pub(super) fn norm(x: &[f32], d: usize, eps: f32, rms: bool) -> (Vec<f32>, Vec<f
     let rows = x.len().checked_div(d).unwrap_or(0);
     // (mean, rstd) per row.
     let mut stats = vec![(0f32, 0f32); rows];
-    for_each_row(&mut stats, 1, |r, dst| {
+    for_each_row_weighted(&mut stats, 1, d, |r, dst| {
         let row = &x[r * d..(r + 1) * d];
         let n = d as f64;
         let mean = if rms {

@@ -64,6 +64,13 @@ pub trait CustomOp: Send + Sync + 'static {
     /// ([`Tensor::saved_bytes`]).
     fn saved_bytes(&self, saved: &Self::Saved) -> usize;
 
+    /// Elements of the tensors `saved` stands for (before any quantization
+    /// or padding), so saved bytes per element can be measured; 0 if the op
+    /// does not say.
+    fn saved_elements(&self, _saved: &Self::Saved) -> usize {
+        0
+    }
+
     /// Gradients of the inputs (one entry per input, `None` for an input with
     /// no gradient) from those of the outputs (`None` for an output the loss
     /// does not depend on). Each gradient has its input's shape and dtype.
@@ -79,6 +86,7 @@ pub(crate) trait DynCustomOp: Send + Sync {
     fn name(&self) -> &str;
     fn label(&self) -> String;
     fn saved_bytes(&self) -> usize;
+    fn saved_elements(&self) -> usize;
     fn backward(&self, grad_outputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>>;
 }
 
@@ -98,6 +106,10 @@ impl<C: CustomOp> DynCustomOp for Recorded<C> {
 
     fn saved_bytes(&self) -> usize {
         self.op.saved_bytes(&self.saved)
+    }
+
+    fn saved_elements(&self) -> usize {
+        self.op.saved_elements(&self.saved)
     }
 
     fn backward(&self, grad_outputs: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {

@@ -144,9 +144,7 @@ impl Tensor {
     /// 1.0 where the broadcast operands are equal, else 0.0; not differentiable.
     pub fn eq_mask(&self, rhs: &Tensor) -> Result<Tensor> {
         let (lhs, _, storage) = self.broadcast_binary(rhs, BinaryOp::Eq)?;
-        Ok(Tensor::from_op(storage, lhs.shape().clone(), &[], |_| {
-            unreachable!("no inputs, never recorded")
-        }))
+        Ok(Tensor::untracked(storage, lhs.shape().clone()))
     }
 
     /// Reduces the resolved `axes` (sorted, non-empty), keeping them as size 1.
@@ -214,30 +212,18 @@ impl Tensor {
         self.sum(axes, keepdim)?.mul_scalar(1.0 / n as f32)
     }
 
-    fn all_axes(&self) -> Vec<isize> {
-        (0..self.rank() as isize).collect()
-    }
-
-    /// Sum of every element, as a rank-0 tensor.
+    /// Sum of every element, as a rank-0 tensor. Reduces one flat row, which
+    /// the kernel splits across threads and sums in several lanes.
     pub fn sum_all(&self) -> Result<Tensor> {
-        if self.rank() == 0 {
-            return Ok(self.clone());
-        }
-        self.sum(&self.all_axes(), false)
+        self.reshape([self.elem_count()])?.sum(&[0], false)
     }
 
     pub fn mean_all(&self) -> Result<Tensor> {
-        if self.rank() == 0 {
-            return Ok(self.clone());
-        }
-        self.mean(&self.all_axes(), false)
+        self.sum_all()?.mul_scalar(1.0 / self.elem_count() as f32)
     }
 
     pub fn max_all(&self) -> Result<Tensor> {
-        if self.rank() == 0 {
-            return Ok(self.clone());
-        }
-        self.max(&self.all_axes(), false)
+        self.reshape([self.elem_count()])?.max(&[0], false)
     }
 
     /// Batched matrix product `[.., M, K] x [.., K, N] -> [.., M, N]`; batch

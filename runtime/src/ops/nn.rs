@@ -31,9 +31,7 @@ impl Tensor {
     fn norm_last_dim(&self, eps: f32, rms: bool) -> Result<Tensor> {
         self.require_rank(if rms { "rms_norm" } else { "layer_norm" }, 1)?;
         let (y, rstd) = self.storage().norm_last_dim(self.layout(), eps, rms)?;
-        let rstd = Tensor::from_op(rstd, self.shape().keepdim(&[self.rank() - 1]), &[], |_| {
-            unreachable!("no inputs, never recorded")
-        });
+        let rstd = Tensor::untracked(rstd, self.shape().keepdim(&[self.rank() - 1]));
         Ok(Tensor::from_op(y, self.shape().clone(), &[self], |y| {
             let y = y.clone();
             if rms {

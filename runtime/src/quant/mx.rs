@@ -310,7 +310,9 @@ fn encode_blocks_with<F>(
     let packed = cfg.elem == ElemFormat::E2M1;
     let cpb = if packed { BLOCK / 2 } else { BLOCK };
     let (mode, elem) = (cfg.scale_mode, cfg.elem);
-    let task = |(t, ((src, out), sc)): (usize, ((&[f32], &mut [u8]), &mut [u8]))| {
+    // One task: (task index, ((input blocks, code bytes), scale bytes)).
+    type Task<'a> = (usize, ((&'a [f32], &'a mut [u8]), &'a mut [u8]));
+    let task = |(t, ((src, out), sc)): Task| {
         with_avx2(
             #[inline(always)]
             || {

@@ -13,6 +13,8 @@
 //! the MX and FP8 codes, whose products are f32 values) and write f32. Bias
 //! is added after the GEMM in f32, and db is the f32 column sum of dy.
 
+use std::cell::Cell;
+
 use rayon::prelude::*;
 
 use super::{Recipe, RecipeKind};
@@ -22,6 +24,22 @@ use crate::quant::{
     quantize_mx, quantize_rows, quantize_tensorwise, Fp8Tensor, MxConfig, MxTensor, SrKey,
 };
 use crate::{Error, Layout, Result, Shape};
+
+thread_local! {
+    /// Runs of each recipe's GEMM code (forward and backward calls) on this
+    /// thread, so a warm-up can prove that every scheduled recipe's kernels
+    /// ran. Per thread, so concurrent work elsewhere cannot fake a run.
+    static KERNEL_RUNS: [Cell<u64>; RecipeKind::ALL.len()] = const { [const { Cell::new(0) }; RecipeKind::ALL.len()] };
+}
+
+/// How many times the linear forward or backward of `kind` has run on this thread.
+pub fn kernel_runs(kind: RecipeKind) -> u64 {
+    KERNEL_RUNS.with(|k| k[kind as usize].get())
+}
+
+fn count_run(kind: RecipeKind) {
+    KERNEL_RUNS.with(|k| k[kind as usize].set(k[kind as usize].get() + 1));
+}
 
 /// Sizes of one linear: x [m, k], W [n, k], y [m, n].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,6 +130,7 @@ pub fn forward(
         check_len("b", b.len(), s.n, s)?;
     }
     let LinearShape { m, k, n } = s;
+    count_run(recipe.kind);
     let (mut y, saved) = match recipe.kind {
         RecipeKind::Bf16 => {
             let xb: Vec<u16> = x.par_iter().map(|&v| bf16::from_f32(v)).collect();
@@ -182,6 +201,7 @@ pub fn backward(
 ) -> Result<LinearGrads> {
     check_len("dy", dy.len(), s.m * s.n, s)?;
     let LinearShape { m, k, n } = s;
+    count_run(recipe.kind);
     let (dx, dw) = match (recipe.kind, saved) {
         (RecipeKind::Bf16, Saved::Bf16 { x }) => {
             check_len("W", w.len(), n * k, s)?;

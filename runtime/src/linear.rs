@@ -1,0 +1,266 @@
+//! `QuantLinear`: a linear layer whose three GEMMs follow its current recipe.
+//!
+//! This is the dual dispatch of SPEC section 6: `forward` matches on the
+//! recipe the plan assigned and runs that recipe's autograd function. Every
+//! arm is compiled ahead of time; switching is a field write done by
+//! `apply(iteration)`, which touches no parameter and no optimizer state.
+//! The master weight stays f32 and is quantized inside every forward.
+
+use crate::module::{Init, ParamSlot, Parameters};
+use crate::ops::{apply_custom, CustomOp};
+use crate::plan::{LinearSite, PlanLinear};
+use crate::recipe::linear::{backward, forward, LinearCtx, LinearShape, Saved};
+use crate::recipe::{Recipe, RecipeKind};
+use crate::{DType, Error, Param, Result, Tensor};
+
+/// A quantized linear of the precision plan (a `#[quantize]` field).
+///
+/// Built shape-first with [`QuantLinear::new`], so a model's plan can be
+/// known without allocating its weights; [`crate::module::allocate`] gives it weights.
+pub struct QuantLinear {
+    pub in_features: usize,
+    pub out_features: usize,
+    pub has_bias: bool,
+    recipe: Recipe,
+    /// Plan path, e.g. `double_blocks.3.img_qkv`: names errors and labels saved bytes.
+    path: String,
+    /// Position in the plan: keys the stochastic rounding of its gradients.
+    index: u64,
+    iteration: u64,
+    /// Seed of stochastic rounding.
+    pub seed: u64,
+    /// [out_features, in_features], f32 master weight.
+    pub weight: Option<Param>,
+    /// [out_features], f32.
+    pub bias: Option<Param>,
+}
+
+impl QuantLinear {
+    /// A linear of the given shape, without weights, running `bf16` until a
+    /// schedule is applied.
+    pub fn new(in_features: usize, out_features: usize, has_bias: bool) -> Self {
+        QuantLinear {
+            in_features,
+            out_features,
+            has_bias,
+            recipe: Recipe::new(RecipeKind::Bf16),
+            path: String::new(),
+            index: 0,
+            iteration: 0,
+            seed: 0,
+            weight: None,
+            bias: None,
+        }
+    }
+
+    /// Plan path of this linear (empty until a plan visitor has named it).
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Number of weight and bias values.
+    pub fn num_params(&self) -> usize {
+        self.in_features * self.out_features + if self.has_bias { self.out_features } else { 0 }
+    }
+
+    /// y = x W^T + b for x [.., in_features], under the current recipe.
+    /// y has x's dtype (f32 or BF16 activations).
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let Some(weight) = &self.weight else {
+            return Err(Error::InvalidOption(format!(
+                "linear `{}` has no weights: allocate the model before running it",
+                self.path
+            )));
+        };
+        let k = self.in_features;
+        if x.dims().last() != Some(&k) {
+            return Err(Error::Shape(format!(
+                "linear `{}`: input {:?} must end in {k} features (W is [{}, {k}])",
+                self.path,
+                x.shape(),
+                self.out_features
+            )));
+        }
+        let m = x.elem_count() / k;
+        let op = LinearOp {
+            recipe: self.recipe,
+            shape: LinearShape {
+                m,
+                k,
+                n: self.out_features,
+            },
+            out_dims: x.dims()[..x.rank() - 1]
+                .iter()
+                .copied()
+                .chain([self.out_features])
+                .collect(),
+            act_dtype: x.dtype(),
+            path: self.path.clone(),
+            iteration: self.iteration,
+            seed: self.seed,
+            index: self.index,
+        };
+        let mut inputs = vec![x, &**weight];
+        if let Some(b) = &self.bias {
+            inputs.push(b);
+        }
+        Ok(apply_custom(op, &inputs)?.remove(0))
+    }
+}
+
+impl Parameters for QuantLinear {
+    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
+        let init = Init::Uniform(1.0 / (self.in_features as f32).sqrt());
+        f(ParamSlot::new(
+            prefix,
+            "weight",
+            vec![self.out_features, self.in_features],
+            init,
+            &mut self.weight,
+        ));
+        if self.has_bias {
+            f(ParamSlot::new(
+                prefix,
+                "bias",
+                vec![self.out_features],
+                init,
+                &mut self.bias,
+            ));
+        }
+    }
+}
+
+impl PlanLinear for QuantLinear {
+    fn recipe(&self) -> Recipe {
+        self.recipe
+    }
+
+    fn set_recipe(&mut self, recipe: Recipe) {
+        self.recipe = recipe;
+    }
+
+    fn set_position(&mut self, site: &LinearSite, index: usize, iteration: u64) {
+        if self.path != site.path {
+            self.path.clone_from(&site.path);
+        }
+        self.index = index as u64;
+        self.iteration = iteration;
+    }
+}
+
+/// One call of a quantized linear on the tape.
+struct LinearOp {
+    recipe: Recipe,
+    shape: LinearShape,
+    out_dims: Vec<usize>,
+    act_dtype: DType,
+    path: String,
+    iteration: u64,
+    seed: u64,
+    index: u64,
+}
+
+/// What the tape keeps: the recipe's saved tensors, and the master weight
+/// handle for the `bf16` recipe (a shared reference to the parameter, not a copy).
+struct LinearSaved {
+    saved: Saved,
+    weight: Option<Tensor>,
+    has_bias: bool,
+}
+
+impl LinearOp {
+    fn ctx(&self) -> LinearCtx<'_> {
+        LinearCtx {
+            layer: &self.path,
+            iteration: self.iteration,
+            seed: self.seed,
+            layer_id: self.index,
+        }
+    }
+
+    /// An output tensor in the activation dtype.
+    fn activation(&self, values: Vec<f32>, dims: &[usize]) -> Result<Tensor> {
+        let t = Tensor::from_vec(values, dims.to_vec(), &crate::Device::Cpu)?;
+        if self.act_dtype == DType::F32 {
+            Ok(t)
+        } else {
+            t.to_dtype(self.act_dtype)
+        }
+    }
+}
+
+impl CustomOp for LinearOp {
+    type Saved = LinearSaved;
+
+    fn name(&self) -> &str {
+        self.recipe.kind.name()
+    }
+
+    fn label(&self) -> String {
+        self.path.clone()
+    }
+
+    fn forward(
+        &self,
+        inputs: &[Tensor],
+        _needs_backward: bool,
+    ) -> Result<(Vec<Tensor>, LinearSaved)> {
+        let x = inputs[0].to_vec_f32()?;
+        let w = inputs[1].to_vec_f32()?;
+        let b = inputs.get(2).map(|b| b.to_vec_f32()).transpose()?;
+        let (y, saved) = forward(&self.recipe, &x, &w, b.as_deref(), self.shape, &self.ctx())?;
+        let weight = (self.recipe.kind == RecipeKind::Bf16).then(|| inputs[1].clone());
+        let y = self.activation(y, &self.out_dims)?;
+        Ok((
+            vec![y],
+            LinearSaved {
+                saved,
+                weight,
+                has_bias: b.is_some(),
+            },
+        ))
+    }
+
+    fn saved_bytes(&self, saved: &LinearSaved) -> usize {
+        saved.saved.nbytes()
+    }
+
+    fn saved_elements(&self, saved: &LinearSaved) -> usize {
+        saved.saved.elements()
+    }
+
+    fn backward(
+        &self,
+        saved: &LinearSaved,
+        grads: &[Option<Tensor>],
+    ) -> Result<Vec<Option<Tensor>>> {
+        let LinearShape { m, k, n } = self.shape;
+        let Some(dy) = &grads[0] else {
+            return Ok(vec![None; if saved.has_bias { 3 } else { 2 }]);
+        };
+        let w = match &saved.weight {
+            Some(w) => w.to_vec_f32()?,
+            None => Vec::new(),
+        };
+        let g = backward(
+            &self.recipe,
+            &saved.saved,
+            &w,
+            &dy.to_vec_f32()?,
+            saved.has_bias,
+            self.shape,
+            &self.ctx(),
+        )?;
+        let mut x_dims = self.out_dims.clone();
+        *x_dims.last_mut().expect("rank >= 1") = k;
+        debug_assert_eq!(x_dims.iter().product::<usize>(), m * k);
+        let mut out = vec![
+            Some(self.activation(g.dx, &x_dims)?),
+            Some(Tensor::from_vec(g.dw, [n, k], &crate::Device::Cpu)?),
+        ];
+        if let Some(db) = g.db {
+            out.push(Some(Tensor::from_vec(db, [n], &crate::Device::Cpu)?));
+        }
+        Ok(out)
+    }
+}

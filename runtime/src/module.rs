@@ -1,0 +1,229 @@
+//! Parameters of a model, visited by path: allocation, optimizer updates and
+//! checkpoints all walk the same [`Parameters::visit_params`].
+//!
+//! Layers are built shape-first (no weights), so a 12B model's shape and plan
+//! cost nothing; [`allocate`] then creates every parameter, each from its own
+//! seeded stream keyed by its path, so the values do not depend on the order
+//! of the walk.
+
+use crate::{Device, Error, Param, Result, Tensor};
+
+/// How a parameter starts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Init {
+    Zeros,
+    Ones,
+    /// U(-bound, bound), PyTorch's default for linear layers (bound 1/sqrt(in)).
+    Uniform(f32),
+}
+
+/// One parameter place: its path, shape, initialization and storage.
+pub struct ParamSlot<'a> {
+    pub path: String,
+    pub shape: Vec<usize>,
+    pub init: Init,
+    pub param: &'a mut Option<Param>,
+}
+
+impl<'a> ParamSlot<'a> {
+    /// The slot `prefix.name` (or `name` at the root).
+    pub fn new(
+        prefix: &str,
+        name: &str,
+        shape: Vec<usize>,
+        init: Init,
+        param: &'a mut Option<Param>,
+    ) -> Self {
+        let path = if prefix.is_empty() {
+            name.to_string()
+        } else {
+            format!("{prefix}.{name}")
+        };
+        ParamSlot {
+            path,
+            shape,
+            init,
+            param,
+        }
+    }
+}
+
+/// Anything holding parameters.
+pub trait Parameters {
+    /// Calls `f` for every parameter slot, with paths under `prefix`.
+    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>));
+}
+
+impl<T: Parameters> Parameters for Vec<T> {
+    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
+        for (i, t) in self.iter_mut().enumerate() {
+            t.visit_params(&join(prefix, &i.to_string()), f);
+        }
+    }
+}
+
+impl<T: Parameters> Parameters for Option<T> {
+    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
+        if let Some(t) = self {
+            t.visit_params(prefix, f);
+        }
+    }
+}
+
+/// `prefix.name`, or `name` at the root.
+pub fn join(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}.{name}")
+    }
+}
+
+/// Create every parameter of `model` from `seed`.
+pub fn allocate<M: Parameters + ?Sized>(model: &mut M, seed: u64) -> Result<()> {
+    let mut err = None;
+    model.visit_params("", &mut |slot| {
+        if err.is_some() {
+            return;
+        }
+        let n: usize = slot.shape.iter().product();
+        let mut rng = SplitMix64::new(seed ^ fnv1a(&slot.path));
+        let values: Vec<f32> = match slot.init {
+            Init::Zeros => vec![0.0; n],
+            Init::Ones => vec![1.0; n],
+            Init::Uniform(b) => (0..n)
+                .map(|_| (rng.next_f64() * 2.0 - 1.0) as f32 * b)
+                .collect(),
+        };
+        match Tensor::from_vec(values, slot.shape.clone(), &Device::Cpu).and_then(Param::new) {
+            Ok(p) => *slot.param = Some(p),
+            Err(e) => err = Some(e),
+        }
+    });
+    err.map_or(Ok(()), Err)
+}
+
+/// Every parameter with its path, in visit order (errors if not allocated).
+pub fn named_params<M: Parameters + ?Sized>(model: &mut M) -> Result<Vec<(String, Tensor)>> {
+    let mut out = Vec::new();
+    let mut missing = None;
+    model.visit_params("", &mut |slot| match slot.param {
+        Some(p) => out.push((slot.path, p.tensor().clone())),
+        None => missing = missing.take().or(Some(slot.path)),
+    });
+    match missing {
+        Some(path) => Err(Error::InvalidOption(format!(
+            "parameter `{path}` is not allocated"
+        ))),
+        None => Ok(out),
+    }
+}
+
+/// Number of parameter values, allocated or not.
+pub fn count_params<M: Parameters + ?Sized>(model: &mut M) -> usize {
+    let mut n = 0;
+    model.visit_params("", &mut |slot| n += slot.shape.iter().product::<usize>());
+    n
+}
+
+/// FNV-1a of a path: separates the streams of different parameters.
+fn fnv1a(s: &str) -> u64 {
+    s.bytes().fold(0xCBF2_9CE4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01B3)
+    })
+}
+
+/// SplitMix64: small, fast and good enough for initialization and data.
+#[derive(Clone, Debug)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    pub fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in (0, 1).
+    pub fn next_f64(&mut self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+
+    /// Standard normal (Box-Muller).
+    pub fn normal(&mut self) -> f32 {
+        let (u, v) = (self.next_f64(), self.next_f64());
+        ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()) as f32
+    }
+}
+
+/// A high-precision linear (embedders, modulation, final layer): f32
+/// weights, shape known before allocation, never quantized.
+pub struct Dense {
+    pub in_features: usize,
+    pub out_features: usize,
+    pub has_bias: bool,
+    /// Zero-initialized (Flux's modulation and final layer), so the untrained model outputs 0.
+    pub zero_init: bool,
+    pub weight: Option<Param>,
+    pub bias: Option<Param>,
+}
+
+impl Dense {
+    pub fn new(in_features: usize, out_features: usize, has_bias: bool) -> Self {
+        Dense {
+            in_features,
+            out_features,
+            has_bias,
+            zero_init: false,
+            weight: None,
+            bias: None,
+        }
+    }
+
+    /// The same layer, zero-initialized.
+    pub fn zeroed(mut self) -> Self {
+        self.zero_init = true;
+        self
+    }
+
+    /// y = x W^T + b in f32, returned in x's dtype.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let w = self.weight.as_ref().ok_or_else(|| {
+            Error::InvalidOption("a dense layer has no weights: allocate the model first".into())
+        })?;
+        let y = crate::ops::linear(&x.to_dtype(crate::DType::F32)?, w, self.bias.as_deref())?;
+        y.to_dtype(x.dtype())
+    }
+}
+
+impl Parameters for Dense {
+    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
+        let init = if self.zero_init {
+            Init::Zeros
+        } else {
+            Init::Uniform(1.0 / (self.in_features as f32).sqrt())
+        };
+        f(ParamSlot::new(
+            prefix,
+            "weight",
+            vec![self.out_features, self.in_features],
+            init,
+            &mut self.weight,
+        ));
+        if self.has_bias {
+            f(ParamSlot::new(
+                prefix,
+                "bias",
+                vec![self.out_features],
+                init,
+                &mut self.bias,
+            ));
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! Warm-up (SPEC section 7): before the first step, run one grad-enabled
+//! step under every recipe the schedule will use, on scratch state, then put
+//! parameters and optimizer state back bit for bit.
+//!
+//! It is also the proof that a switch is not a silent no-op: each recipe's
+//! linear kernels must have run during its warm-up step, or warm-up fails.
+
+use crate::module::Parameters;
+use crate::optim::AdamW;
+use crate::plan::{apply_schedule, PrecisionModel};
+use crate::recipe::linear::kernel_runs;
+use crate::recipe::RecipeKind;
+use crate::schedule::Schedule;
+use crate::{Error, Result, Tensor};
+
+/// What warm-up ran: kernel invocations per scheduled recipe.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WarmupReport {
+    pub runs: Vec<(RecipeKind, u64)>,
+}
+
+impl std::fmt::Display for WarmupReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self
+            .runs
+            .iter()
+            .map(|(k, n)| format!("{k}: {n} linear kernel calls"))
+            .collect();
+        write!(f, "warm-up ran {}", parts.join(", "))
+    }
+}
+
+/// Every parameter value, by visit order (buffers are immutable, so this is
+/// a list of shared handles, not a copy).
+fn snapshot<M: Parameters>(model: &mut M) -> Vec<Option<Tensor>> {
+    let mut v = Vec::new();
+    model.visit_params("", &mut |slot| {
+        v.push(slot.param.as_ref().map(|p| p.tensor().clone()))
+    });
+    v
+}
+
+fn restore<M: Parameters>(model: &mut M, snap: &[Option<Tensor>]) -> Result<()> {
+    let mut i = 0;
+    let mut err = None;
+    model.visit_params("", &mut |slot| {
+        if let (Some(p), Some(Some(t))) = (slot.param.as_mut(), snap.get(i)) {
+            if let Err(e) = p.set(t.clone()) {
+                err.get_or_insert(e);
+            }
+        }
+        i += 1;
+    });
+    err.map_or(Ok(()), Err)
+}
+
+/// Run `step` once per recipe of `schedule` with every linear on that
+/// recipe, then restore the parameters, the optimizer and the recipes of
+/// `iteration`. `step` is one full training step (forward, backward,
+/// optimizer update) at the production batch shape.
+pub fn warmup<M, F>(
+    model: &mut M,
+    opt: &mut AdamW,
+    schedule: &Schedule,
+    iteration: u64,
+    mut step: F,
+) -> Result<WarmupReport>
+where
+    M: PrecisionModel + Parameters,
+    F: FnMut(&mut M, &mut AdamW) -> Result<()>,
+{
+    let params = snapshot(model);
+    let opt_state = opt.clone();
+    let mut runs = Vec::new();
+    let mut seen = Vec::new();
+    for phase in schedule.phases() {
+        if seen.contains(&phase.recipe) {
+            continue;
+        }
+        seen.push(phase.recipe);
+        apply_schedule(model, &Schedule::constant(phase.recipe), 0)?;
+        let before = kernel_runs(phase.recipe.kind);
+        let result = step(model, opt);
+        let ran = kernel_runs(phase.recipe.kind) - before;
+        result?;
+        if ran == 0 {
+            return Err(Error::InvalidOption(format!(
+                "warm-up: no `{}` linear kernel ran during its step; the model's forward does not reach its quantized linears",
+                phase.recipe
+            )));
+        }
+        runs.push((phase.recipe.kind, ran));
+    }
+    restore(model, &params)?;
+    *opt = opt_state;
+    apply_schedule(model, schedule, iteration)?;
+    Ok(WarmupReport { runs })
+}
