@@ -5,3 +5,6 @@
 
 pub use mxswitch_models as models;
 pub use mxswitch_runtime as runtime;
+
+#[doc(inline)]
+pub use mxswitch_macros::precision;

@@ -1,0 +1,11 @@
+use mxswitch::precision;
+
+struct Linear;
+
+#[precision(mxfp4, switch_to = fp8, at = 12000, layers_per_iter = 4, order = deepest_first)]
+struct Flux {
+    #[quantize]
+    img_in: Linear,
+}
+
+fn main() {}

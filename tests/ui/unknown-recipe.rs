@@ -1,0 +1,11 @@
+use mxswitch::precision;
+
+struct Linear;
+
+#[precision(mxfp5, switch_to = fp8, at = 12000)]
+struct Flux {
+    #[quantize]
+    img_in: Linear,
+}
+
+fn main() {}
