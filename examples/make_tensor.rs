@@ -17,7 +17,9 @@ fn main() -> ExitCode {
     // A seeded linear congruential generator and Box-Muller: normal data, no dependencies.
     let mut state = 0x2545_F491_4F6C_DD1Du64;
     let mut uniform = move || {
-        state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
         ((state >> 40) as f64 + 0.5) / (1u64 << 24) as f64
     };
     let mut normal = move || {
@@ -27,7 +29,9 @@ fn main() -> ExitCode {
     let weight: Vec<f32> = (0..256 * 512)
         .map(|i| normal() * if i % 1000 == 0 { 30.0 } else { 0.02 })
         .collect();
-    let bias: Vec<u16> = (0..512).map(|_| mxswitch::runtime::formats::bf16::from_f32(normal() * 0.1)).collect();
+    let bias: Vec<u16> = (0..512)
+        .map(|_| mxswitch::runtime::formats::bf16::from_f32(normal() * 0.1))
+        .collect();
     let step = [1234i64];
 
     let weight_bytes: Vec<u8> = weight.iter().flat_map(|v| v.to_le_bytes()).collect();

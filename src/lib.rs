@@ -8,3 +8,5 @@ pub use mxswitch_runtime as runtime;
 
 #[doc(inline)]
 pub use mxswitch_macros::precision;
+
+pub mod train;

@@ -24,6 +24,10 @@ enum Command {
     /// Quantize the float tensors of a safetensors file to an MX or FP8
     /// format and report the error of each.
     Quantize(cli::quantize::QuantizeArgs),
+    /// Train Flux on seeded synthetic data through its precision schedule.
+    Train(cli::train::TrainArgs),
+    /// Show the precision plan and schedule of a config (no weights allocated).
+    Plan(cli::plan::PlanArgs),
 }
 
 fn main() -> ExitCode {
@@ -33,5 +37,7 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Quantize(args) => cli::finish(cli::quantize::run(&args)),
+        Command::Train(args) => cli::finish(cli::train::run(&args)),
+        Command::Plan(args) => cli::finish(cli::plan::run(&args)),
     }
 }

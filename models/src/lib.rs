@@ -1,1 +1,2 @@
 //! Models written against the mxswitch runtime.
+pub mod flux;

@@ -7,7 +7,9 @@ use std::process::ExitCode;
 
 use clap::error::ErrorKind;
 
+pub mod plan;
 pub mod quantize;
+pub mod train;
 
 /// Exit status of a command that failed on its input or environment.
 const EXIT_FAILURE: u8 = 1;

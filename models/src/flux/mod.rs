@@ -1,0 +1,10 @@
+//! Flux.1 (black-forest-labs/flux) for mxswitch: the model, its RON run
+//! configurations and seeded synthetic data.
+
+pub mod config;
+pub mod data;
+pub mod model;
+
+pub use config::{DataConfig, FluxConfig, RunConfig, TrainConfig, PRESETS};
+pub use data::{patchify, Batch, SyntheticData};
+pub use model::{DoubleBlock, Flux, FluxInput, SingleBlock};

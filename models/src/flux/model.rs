@@ -1,0 +1,535 @@
+//! Flux.1 (black-forest-labs/flux, src/flux/model.py and modules/layers.py)
+//! in the split layout of the production MXFP4 port (SPEC section 8).
+//!
+//! Every block's big linears are `#[quantize]` fields of the precision plan;
+//! modulation, embedders and the final layer stay in high precision. Field
+//! names follow the upstream checkpoint keys where the layout allows.
+//! Shapes in comments: B batch, L tokens, H hidden, h heads, D head dim.
+
+use mxswitch_macros::precision;
+use mxswitch_runtime::linear::QuantLinear;
+use mxswitch_runtime::module::{join, Dense, Init, ParamSlot, Parameters};
+use mxswitch_runtime::ops::scaled_dot_product_attention;
+use mxswitch_runtime::{DType, Device, Param, Result, Tensor};
+
+use super::config::FluxConfig;
+
+/// LayerNorm and QK RMSNorm epsilon, as upstream.
+const EPS: f32 = 1e-6;
+/// Width of the sinusoidal timestep embedding.
+const TIME_DIM: usize = 256;
+
+fn unallocated() -> mxswitch_runtime::Error {
+    mxswitch_runtime::Error::InvalidOption("the model has no weights: call allocate() first".into())
+}
+
+/// in -> H -> SiLU -> H (`MLPEmbedder`).
+pub struct MlpEmbedder {
+    pub in_layer: Dense,
+    pub out_layer: Dense,
+}
+
+impl MlpEmbedder {
+    fn new(in_dim: usize, hidden: usize) -> Self {
+        MlpEmbedder {
+            in_layer: Dense::new(in_dim, hidden, true),
+            out_layer: Dense::new(hidden, hidden, true),
+        }
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.out_layer.forward(&self.in_layer.forward(x)?.silu()?)
+    }
+}
+
+/// shift, scale and gate, each [B, 1, H].
+pub struct ModulationOut {
+    pub shift: Tensor,
+    pub scale: Tensor,
+    pub gate: Tensor,
+}
+
+impl ModulationOut {
+    /// (1 + scale) * x + shift.
+    fn modulate(&self, x: &Tensor) -> Result<Tensor> {
+        x.mul(&self.scale.add_scalar(1.0)?)?.add(&self.shift)
+    }
+}
+
+/// Linear(silu(vec)) split into one or two (shift, scale, gate) triples.
+pub struct Modulation {
+    pub lin: Dense,
+    pub double: bool,
+}
+
+impl Modulation {
+    fn new(hidden: usize, double: bool) -> Self {
+        let mult = if double { 6 } else { 3 };
+        Modulation {
+            lin: Dense::new(hidden, mult * hidden, true).zeroed(),
+            double,
+        }
+    }
+
+    /// vec [B, H] -> one or two ModulationOut.
+    fn forward(&self, vec: &Tensor) -> Result<Vec<ModulationOut>> {
+        let h = self.lin.in_features;
+        let out = self.lin.forward(&vec.silu()?)?.unsqueeze(1)?; // [B, 1, mult*H]
+        let chunks = out.split(-1, &vec![h; if self.double { 6 } else { 3 }])?;
+        Ok(chunks
+            .chunks(3)
+            .map(|c| ModulationOut {
+                shift: c[0].clone(),
+                scale: c[1].clone(),
+                gate: c[2].clone(),
+            })
+            .collect())
+    }
+}
+
+/// RMSNorm of q and k over the head dimension with learnable scales.
+pub struct QkNorm {
+    pub dim: usize,
+    pub query_norm: Option<Param>,
+    pub key_norm: Option<Param>,
+}
+
+impl QkNorm {
+    fn new(dim: usize) -> Self {
+        QkNorm {
+            dim,
+            query_norm: None,
+            key_norm: None,
+        }
+    }
+
+    /// Normalized in f32, then cast back to v's dtype so q, k and v reach
+    /// attention in one dtype.
+    fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let qs = self.query_norm.as_ref().ok_or_else(unallocated)?;
+        let ks = self.key_norm.as_ref().ok_or_else(unallocated)?;
+        let q = q
+            .to_dtype(DType::F32)?
+            .rms_norm(qs, EPS)?
+            .to_dtype(v.dtype())?;
+        let k = k
+            .to_dtype(DType::F32)?
+            .rms_norm(ks, EPS)?
+            .to_dtype(v.dtype())?;
+        Ok((q, k))
+    }
+}
+
+/// RoPE tables of the joint (text then image) sequence, [L, D/2] each.
+pub struct Rope {
+    pub cos: Tensor,
+    pub sin: Tensor,
+}
+
+/// [B, L, 3H] -> q, k, v of [B, h, L, D].
+fn split_heads(qkv: &Tensor, heads: usize) -> Result<(Tensor, Tensor, Tensor)> {
+    let (b, l, h3) = (qkv.dims()[0], qkv.dims()[1], qkv.dims()[2]);
+    let d = h3 / 3 / heads;
+    let x = qkv
+        .reshape([b, l, 3, heads, d])?
+        .permute(&[2, 0, 3, 1, 4])?; // [3, B, h, L, D]
+    let mut parts = x.split(0, &[1, 1, 1])?.into_iter().map(|t| t.squeeze(0));
+    let mut next = || parts.next().expect("three parts");
+    Ok((next()?, next()?, next()?))
+}
+
+/// RoPE on q and k, attention, and heads merged back: [B, L, H].
+fn attention(q: &Tensor, k: &Tensor, v: &Tensor, pe: &Rope) -> Result<Tensor> {
+    let q = q.rope_interleaved(&pe.cos.to_dtype(q.dtype())?, &pe.sin.to_dtype(q.dtype())?)?;
+    let k = k.rope_interleaved(&pe.cos.to_dtype(k.dtype())?, &pe.sin.to_dtype(k.dtype())?)?;
+    let x = scaled_dot_product_attention(&q, &k, v)?; // [B, h, L, D]
+    let (b, h, l, d) = (x.dims()[0], x.dims()[1], x.dims()[2], x.dims()[3]);
+    x.permute(&[0, 2, 1, 3])?.reshape([b, l, h * d])
+}
+
+/// A double-stream block: image and text streams with their own weights,
+/// joined only in attention. Eight quantized linears.
+#[precision(layer)]
+pub struct DoubleBlock {
+    pub heads: usize,
+    pub img_mod: Modulation,
+    pub img_norm: QkNorm,
+    #[quantize]
+    pub img_qkv: QuantLinear,
+    #[quantize]
+    pub img_proj: QuantLinear,
+    #[quantize]
+    pub img_mlp_fc1: QuantLinear,
+    #[quantize]
+    pub img_mlp_fc2: QuantLinear,
+    pub txt_mod: Modulation,
+    pub txt_norm: QkNorm,
+    #[quantize]
+    pub txt_qkv: QuantLinear,
+    #[quantize]
+    pub txt_proj: QuantLinear,
+    #[quantize]
+    pub txt_mlp_fc1: QuantLinear,
+    #[quantize]
+    pub txt_mlp_fc2: QuantLinear,
+}
+
+impl DoubleBlock {
+    pub fn new(cfg: &FluxConfig) -> Self {
+        let (h, m) = (cfg.hidden_size, cfg.mlp_hidden());
+        DoubleBlock {
+            heads: cfg.num_heads,
+            img_mod: Modulation::new(h, true),
+            img_norm: QkNorm::new(cfg.head_dim()),
+            img_qkv: QuantLinear::new(h, 3 * h, cfg.qkv_bias),
+            img_proj: QuantLinear::new(h, h, true),
+            img_mlp_fc1: QuantLinear::new(h, m, true),
+            img_mlp_fc2: QuantLinear::new(m, h, true),
+            txt_mod: Modulation::new(h, true),
+            txt_norm: QkNorm::new(cfg.head_dim()),
+            txt_qkv: QuantLinear::new(h, 3 * h, cfg.qkv_bias),
+            txt_proj: QuantLinear::new(h, h, true),
+            txt_mlp_fc1: QuantLinear::new(h, m, true),
+            txt_mlp_fc2: QuantLinear::new(m, h, true),
+        }
+    }
+
+    /// img [B, Li, H], txt [B, Lt, H], vec [B, H] -> new (img, txt).
+    pub fn forward(
+        &self,
+        img: &Tensor,
+        txt: &Tensor,
+        vec: &Tensor,
+        pe: &Rope,
+    ) -> Result<(Tensor, Tensor)> {
+        let img_mod = self.img_mod.forward(vec)?;
+        let txt_mod = self.txt_mod.forward(vec)?;
+        let (img1, img2) = (&img_mod[0], &img_mod[1]);
+        let (txt1, txt2) = (&txt_mod[0], &txt_mod[1]);
+
+        let img_in = img1.modulate(&img.layer_norm(EPS)?)?;
+        let (iq, ik, iv) = split_heads(&self.img_qkv.forward(&img_in)?, self.heads)?;
+        let (iq, ik) = self.img_norm.forward(&iq, &ik, &iv)?;
+        let txt_in = txt1.modulate(&txt.layer_norm(EPS)?)?;
+        let (tq, tk, tv) = split_heads(&self.txt_qkv.forward(&txt_in)?, self.heads)?;
+        let (tq, tk) = self.txt_norm.forward(&tq, &tk, &tv)?;
+
+        // Text first in the joint sequence.
+        let q = Tensor::cat(&[&tq, &iq], 2)?;
+        let k = Tensor::cat(&[&tk, &ik], 2)?;
+        let v = Tensor::cat(&[&tv, &iv], 2)?;
+        let lt = txt.dims()[1];
+        let attn = attention(&q, &k, &v, pe)?;
+        let parts = attn.split(1, &[lt, img.dims()[1]])?;
+        let (txt_attn, img_attn) = (&parts[0], &parts[1]);
+
+        let img = img.add(&img1.gate.mul(&self.img_proj.forward(img_attn)?)?)?;
+        let img_mlp = self
+            .img_mlp_fc1
+            .forward(&img2.modulate(&img.layer_norm(EPS)?)?)?
+            .gelu_tanh()?;
+        let img = img.add(&img2.gate.mul(&self.img_mlp_fc2.forward(&img_mlp)?)?)?;
+
+        let txt = txt.add(&txt1.gate.mul(&self.txt_proj.forward(txt_attn)?)?)?;
+        let txt_mlp = self
+            .txt_mlp_fc1
+            .forward(&txt2.modulate(&txt.layer_norm(EPS)?)?)?
+            .gelu_tanh()?;
+        let txt = txt.add(&txt2.gate.mul(&self.txt_mlp_fc2.forward(&txt_mlp)?)?)?;
+        Ok((img, txt))
+    }
+}
+
+/// A single-stream block over the joint sequence, split into four
+/// quantized linears: out = fc2(gelu(fc1 h)) + proj(attn), proj without bias.
+#[precision(layer)]
+pub struct SingleBlock {
+    pub heads: usize,
+    pub modulation: Modulation,
+    pub norm: QkNorm,
+    #[quantize]
+    pub qkv: QuantLinear,
+    #[quantize]
+    pub proj: QuantLinear,
+    #[quantize]
+    pub mlp_fc1: QuantLinear,
+    #[quantize]
+    pub mlp_fc2: QuantLinear,
+}
+
+impl SingleBlock {
+    pub fn new(cfg: &FluxConfig) -> Self {
+        let (h, m) = (cfg.hidden_size, cfg.mlp_hidden());
+        SingleBlock {
+            heads: cfg.num_heads,
+            modulation: Modulation::new(h, false),
+            norm: QkNorm::new(cfg.head_dim()),
+            qkv: QuantLinear::new(h, 3 * h, cfg.qkv_bias),
+            proj: QuantLinear::new(h, h, false),
+            mlp_fc1: QuantLinear::new(h, m, true),
+            mlp_fc2: QuantLinear::new(m, h, true),
+        }
+    }
+
+    /// x [B, L, H], vec [B, H] -> x.
+    pub fn forward(&self, x: &Tensor, vec: &Tensor, pe: &Rope) -> Result<Tensor> {
+        let m = &self.modulation.forward(vec)?[0];
+        let h = m.modulate(&x.layer_norm(EPS)?)?;
+        let (q, k, v) = split_heads(&self.qkv.forward(&h)?, self.heads)?;
+        let (q, k) = self.norm.forward(&q, &k, &v)?;
+        let attn = attention(&q, &k, &v, pe)?;
+        let mlp = self.mlp_fc1.forward(&h)?.gelu_tanh()?;
+        let out = self
+            .proj
+            .forward(&attn)?
+            .add(&self.mlp_fc2.forward(&mlp)?)?;
+        x.add(&m.gate.mul(&out)?)
+    }
+}
+
+/// Final adaLN modulation and projection back to patch channels.
+pub struct LastLayer {
+    pub ada_ln_modulation: Dense,
+    pub linear: Dense,
+}
+
+impl LastLayer {
+    fn forward(&self, x: &Tensor, vec: &Tensor) -> Result<Tensor> {
+        let h = self.linear.in_features;
+        let m = self.ada_ln_modulation.forward(&vec.silu()?)?.unsqueeze(1)?;
+        let parts = m.split(-1, &[h, h])?;
+        let (shift, scale) = (&parts[0], &parts[1]);
+        let x = x
+            .layer_norm(EPS)?
+            .mul(&scale.add_scalar(1.0)?)?
+            .add(shift)?;
+        self.linear.forward(&x)
+    }
+}
+
+/// Flux.1: double-stream blocks, then single-stream blocks over the joint
+/// sequence. The schedule here is the production one; a RON config or the
+/// command line moves the switch (`apply_with`).
+#[precision(mxfp4, switch_to = fp8, at = 12000)]
+pub struct Flux {
+    pub config: FluxConfig,
+    pub img_in: Dense,
+    pub time_in: MlpEmbedder,
+    pub vector_in: MlpEmbedder,
+    pub guidance_in: Option<MlpEmbedder>,
+    pub txt_in: Dense,
+    #[layers]
+    pub double_blocks: Vec<DoubleBlock>,
+    #[layers]
+    pub single_blocks: Vec<SingleBlock>,
+    pub final_layer: LastLayer,
+}
+
+/// Inputs of one forward pass.
+pub struct FluxInput<'a> {
+    /// Patchified noisy latents [B, Li, in_channels].
+    pub img: &'a Tensor,
+    /// Text tokens [B, Lt, context_in_dim].
+    pub txt: &'a Tensor,
+    /// Timesteps in [0, 1], [B].
+    pub timesteps: &'a [f32],
+    /// Pooled text vector [B, vec_in_dim].
+    pub y: &'a Tensor,
+    /// Guidance strengths [B], for `guidance_embed` models.
+    pub guidance: Option<&'a [f32]>,
+    /// Latent height and width in patches (for the RoPE positions).
+    pub patches_hw: (usize, usize),
+}
+
+impl Flux {
+    /// The model's shape: every layer, no weights.
+    pub fn new(cfg: &FluxConfig) -> Self {
+        let h = cfg.hidden_size;
+        Flux {
+            config: cfg.clone(),
+            img_in: Dense::new(cfg.in_channels, h, true),
+            time_in: MlpEmbedder::new(TIME_DIM, h),
+            vector_in: MlpEmbedder::new(cfg.vec_in_dim, h),
+            guidance_in: cfg.guidance_embed.then(|| MlpEmbedder::new(TIME_DIM, h)),
+            txt_in: Dense::new(cfg.context_in_dim, h, true),
+            double_blocks: (0..cfg.depth).map(|_| DoubleBlock::new(cfg)).collect(),
+            single_blocks: (0..cfg.depth_single_blocks)
+                .map(|_| SingleBlock::new(cfg))
+                .collect(),
+            final_layer: LastLayer {
+                ada_ln_modulation: Dense::new(h, 2 * h, true).zeroed(),
+                linear: Dense::new(h, cfg.in_channels, true).zeroed(),
+            },
+        }
+    }
+
+    /// Predicted velocity [B, Li, in_channels].
+    pub fn forward(&self, inp: &FluxInput) -> Result<Tensor> {
+        let act = inp.img.dtype();
+        let device = Device::Cpu;
+        let mut img = self.img_in.forward(inp.img)?;
+        let t_emb = Tensor::from_vec(
+            timestep_embedding(inp.timesteps, TIME_DIM),
+            [inp.timesteps.len(), TIME_DIM],
+            &device,
+        )?;
+        let mut vec = self.time_in.forward(&t_emb.to_dtype(act)?)?;
+        if let (Some(g_in), Some(g)) = (&self.guidance_in, inp.guidance) {
+            let g_emb = Tensor::from_vec(
+                timestep_embedding(g, TIME_DIM),
+                [g.len(), TIME_DIM],
+                &device,
+            )?;
+            vec = vec.add(&g_in.forward(&g_emb.to_dtype(act)?)?)?;
+        }
+        vec = vec.add(&self.vector_in.forward(inp.y)?)?;
+        let mut txt = self.txt_in.forward(inp.txt)?;
+        let pe = self.rope(inp.txt.dims()[1], inp.patches_hw)?;
+        for block in &self.double_blocks {
+            (img, txt) = block.forward(&img, &txt, &vec, &pe)?;
+        }
+        let lt = txt.dims()[1];
+        let mut x = Tensor::cat(&[&txt, &img], 1)?;
+        for block in &self.single_blocks {
+            x = block.forward(&x, &vec, &pe)?;
+        }
+        let img = x.narrow(1, lt, x.dims()[1] - lt)?;
+        self.final_layer.forward(&img, &vec)
+    }
+
+    /// RoPE tables: text tokens at position (0, 0, 0), image patch (r, c) at
+    /// (0, r, c); each axis a of width d_a rotates pair j by pos * theta^(-2j/d_a).
+    pub fn rope(&self, txt_tokens: usize, (ph, pw): (usize, usize)) -> Result<Rope> {
+        let cfg = &self.config;
+        let half = cfg.head_dim() / 2;
+        let l = txt_tokens + ph * pw;
+        let (mut cos, mut sin) = (Vec::with_capacity(l * half), Vec::with_capacity(l * half));
+        for tok in 0..l {
+            let pos = if tok < txt_tokens {
+                [0.0f64; 3]
+            } else {
+                let p = tok - txt_tokens;
+                [0.0, (p / pw) as f64, (p % pw) as f64]
+            };
+            for (axis, &d) in cfg.axes_dim.iter().enumerate() {
+                for j in 0..d / 2 {
+                    let omega = 1.0 / (cfg.theta as f64).powf(2.0 * j as f64 / d as f64);
+                    let angle = pos[axis] * omega;
+                    cos.push(angle.cos() as f32);
+                    sin.push(angle.sin() as f32);
+                }
+            }
+        }
+        Ok(Rope {
+            cos: Tensor::from_vec(cos, [l, half], &Device::Cpu)?,
+            sin: Tensor::from_vec(sin, [l, half], &Device::Cpu)?,
+        })
+    }
+}
+
+/// Sinusoidal embedding of t * 1000, cos first (upstream `timestep_embedding`).
+pub fn timestep_embedding(t: &[f32], dim: usize) -> Vec<f32> {
+    let half = dim / 2;
+    let mut out = Vec::with_capacity(t.len() * dim);
+    for &ti in t {
+        let args: Vec<f64> = (0..half)
+            .map(|i| (ti as f64 * 1000.0) * (-(10000f64.ln()) * i as f64 / half as f64).exp())
+            .collect();
+        out.extend(args.iter().map(|a| a.cos() as f32));
+        out.extend(args.iter().map(|a| a.sin() as f32));
+    }
+    out
+}
+
+// Parameter walks: paths follow the field names.
+
+impl Parameters for MlpEmbedder {
+    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
+        self.in_layer.visit_params(&join(prefix, "in_layer"), f);
+        self.out_layer.visit_params(&join(prefix, "out_layer"), f);
+    }
+}
+
+impl Parameters for Modulation {
+    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
+        self.lin.visit_params(&join(prefix, "lin"), f);
+    }
+}
+
+impl Parameters for QkNorm {
+    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
+        f(ParamSlot::new(
+            prefix,
+            "query_norm.scale",
+            vec![self.dim],
+            Init::Ones,
+            &mut self.query_norm,
+        ));
+        f(ParamSlot::new(
+            prefix,
+            "key_norm.scale",
+            vec![self.dim],
+            Init::Ones,
+            &mut self.key_norm,
+        ));
+    }
+}
+
+impl Parameters for DoubleBlock {
+    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
+        self.img_mod.visit_params(&join(prefix, "img_mod"), f);
+        self.img_norm
+            .visit_params(&join(prefix, "img_attn.norm"), f);
+        self.img_qkv.visit_params(&join(prefix, "img_qkv"), f);
+        self.img_proj.visit_params(&join(prefix, "img_proj"), f);
+        self.img_mlp_fc1
+            .visit_params(&join(prefix, "img_mlp_fc1"), f);
+        self.img_mlp_fc2
+            .visit_params(&join(prefix, "img_mlp_fc2"), f);
+        self.txt_mod.visit_params(&join(prefix, "txt_mod"), f);
+        self.txt_norm
+            .visit_params(&join(prefix, "txt_attn.norm"), f);
+        self.txt_qkv.visit_params(&join(prefix, "txt_qkv"), f);
+        self.txt_proj.visit_params(&join(prefix, "txt_proj"), f);
+        self.txt_mlp_fc1
+            .visit_params(&join(prefix, "txt_mlp_fc1"), f);
+        self.txt_mlp_fc2
+            .visit_params(&join(prefix, "txt_mlp_fc2"), f);
+    }
+}
+
+impl Parameters for SingleBlock {
+    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
+        self.modulation.visit_params(&join(prefix, "modulation"), f);
+        self.norm.visit_params(&join(prefix, "norm"), f);
+        self.qkv.visit_params(&join(prefix, "qkv"), f);
+        self.proj.visit_params(&join(prefix, "proj"), f);
+        self.mlp_fc1.visit_params(&join(prefix, "mlp_fc1"), f);
+        self.mlp_fc2.visit_params(&join(prefix, "mlp_fc2"), f);
+    }
+}
+
+impl Parameters for LastLayer {
+    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
+        self.ada_ln_modulation
+            .visit_params(&join(prefix, "adaLN_modulation"), f);
+        self.linear.visit_params(&join(prefix, "linear"), f);
+    }
+}
+
+impl Parameters for Flux {
+    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
+        self.img_in.visit_params(&join(prefix, "img_in"), f);
+        self.time_in.visit_params(&join(prefix, "time_in"), f);
+        self.vector_in.visit_params(&join(prefix, "vector_in"), f);
+        self.guidance_in
+            .visit_params(&join(prefix, "guidance_in"), f);
+        self.txt_in.visit_params(&join(prefix, "txt_in"), f);
+        self.double_blocks
+            .visit_params(&join(prefix, "double_blocks"), f);
+        self.single_blocks
+            .visit_params(&join(prefix, "single_blocks"), f);
+        self.final_layer
+            .visit_params(&join(prefix, "final_layer"), f);
+    }
+}

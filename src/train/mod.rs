@@ -1,0 +1,260 @@
+//! Training Flux through a precision switch: the job behind `mxswitch train`.
+//!
+//! Rectified flow on seeded synthetic data, AdamW with clipping, the
+//! schedule applied at every step, warm-up before step 0, a progress bar,
+//! `metrics.jsonl`, a loss-curve PNG and a safetensors checkpoint that
+//! `--resume` continues from bit-identically.
+
+mod checkpoint;
+mod plot;
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use mxswitch_models::flux::{Flux, FluxInput, RunConfig, SyntheticData};
+use mxswitch_runtime::module::{allocate, Parameters};
+use mxswitch_runtime::ops::mse_loss;
+use mxswitch_runtime::optim::{clip_grad_norm, AdamW, AdamWConfig};
+use mxswitch_runtime::schedule::{Phase, Schedule, SwitchReport};
+use mxswitch_runtime::warmup::warmup;
+use mxswitch_runtime::{DType, Device, Error, Result};
+
+pub use checkpoint::{load_checkpoint, save_checkpoint, Checkpoint};
+
+/// Gradient clipping threshold (SPEC section 8).
+const CLIP_NORM: f32 = 1.0;
+
+/// Everything `mxswitch train` takes.
+#[derive(Clone, Debug)]
+pub struct TrainOptions {
+    pub config: RunConfig,
+    /// Overrides `train.iters` of the config.
+    pub iters: Option<u64>,
+    /// Moves the first switch of the schedule.
+    pub switch_at: Option<u64>,
+    pub device: Device,
+    pub out: PathBuf,
+    pub seed: u64,
+    pub resume: Option<PathBuf>,
+    /// Show a progress bar (off in tests).
+    pub progress: bool,
+}
+
+/// One line of `metrics.jsonl`: exactly these keys.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct StepMetrics {
+    pub iter: u64,
+    pub loss: f32,
+    pub recipe: String,
+    pub layers_converted: usize,
+    pub linears_converted: usize,
+    pub step_time_ms: f64,
+    pub saved_bytes_per_element: f64,
+}
+
+/// What a run produced.
+#[derive(Clone, Debug)]
+pub struct TrainSummary {
+    pub metrics: Vec<StepMetrics>,
+    /// Every switch line printed, in order.
+    pub switches: Vec<String>,
+    pub checkpoint: PathBuf,
+    pub plot: PathBuf,
+}
+
+/// The schedule of the config, with the first switch moved to `switch_at`.
+pub fn schedule_of(config: &RunConfig, switch_at: Option<u64>) -> Result<Schedule> {
+    let schedule = config.schedule.to_schedule()?;
+    let Some(at) = switch_at else {
+        return Ok(schedule);
+    };
+    let mut phases: Vec<Phase> = schedule.phases().to_vec();
+    if phases.len() < 2 {
+        return Err(Error::InvalidOption(format!(
+            "--switch-at {at}: the schedule has a single phase ({}), so there is no switch to move",
+            phases[0].recipe
+        )));
+    }
+    phases[1].start = at;
+    Schedule::new(phases, schedule.layers_per_iter, schedule.order)
+}
+
+/// Check the device before any work: only the CPU backend exists today.
+pub fn check_device(device: Device) -> Result<()> {
+    match device {
+        Device::Cpu => Ok(()),
+        Device::Cuda(_) => Err(Error::InvalidOption(
+            "--device cuda: the CUDA backend is not available in this build yet; use --device cpu"
+                .into(),
+        )),
+        Device::Rocm(_) => Err(Error::InvalidOption(
+            "--device rocm: the ROCm backend is not available in this build yet; use --device cpu"
+                .into(),
+        )),
+    }
+}
+
+/// Everything a training step needs besides the model and the optimizer.
+struct StepInputs<'a> {
+    data: &'a SyntheticData,
+    act: DType,
+}
+
+/// One optimizer step at `iter`: returns (loss, saved bytes per element).
+fn train_step(
+    model: &mut Flux,
+    opt: &mut AdamW,
+    inp: &StepInputs,
+    iter: u64,
+) -> Result<(f32, f64)> {
+    let batch = inp.data.batch(iter, inp.act)?;
+    let pred = model.forward(&FluxInput {
+        img: &batch.img,
+        txt: &batch.txt,
+        timesteps: &batch.timesteps,
+        y: &batch.y,
+        guidance: None,
+        patches_hw: batch.patches_hw,
+    })?;
+    let loss = mse_loss(&pred.to_dtype(DType::F32)?, &batch.target)?;
+    let saved = loss.saved_bytes();
+    let loss_value = loss.to_scalar_f32()?;
+    if !loss_value.is_finite() {
+        return Err(Error::InvalidOption(format!(
+            "loss is {loss_value} at iteration {iter}: training diverged"
+        )));
+    }
+    let mut grads = loss.backward()?;
+    drop(loss);
+    clip_grad_norm(&mut grads, CLIP_NORM)?;
+    let mut err = None;
+    model.visit_params("", &mut |slot| {
+        if let (Some(p), None) = (slot.param.as_mut(), &err) {
+            if let Err(e) = opt.step(std::iter::once(p), &grads) {
+                err = Some(e);
+            }
+        }
+    });
+    if let Some(e) = err {
+        return Err(e);
+    }
+    Ok((loss_value, saved.per_element()))
+}
+
+/// Create `out` and prove it is writable before training starts.
+fn prepare_out(out: &Path) -> Result<File> {
+    std::fs::create_dir_all(out).map_err(|e| {
+        Error::InvalidOption(format!(
+            "cannot create output folder {}: {e}",
+            out.display()
+        ))
+    })?;
+    let path = out.join("metrics.jsonl");
+    File::create(&path)
+        .map_err(|e| Error::InvalidOption(format!("cannot write {}: {e}", path.display())))
+}
+
+/// Train as `opts` says.
+pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
+    check_device(opts.device)?;
+    let cfg = &opts.config;
+    let iters = opts.iters.unwrap_or(cfg.train.iters);
+    let schedule = schedule_of(cfg, opts.switch_at)?;
+    let act = if cfg.train.activations == "bf16" {
+        DType::BF16
+    } else {
+        DType::F32
+    };
+
+    let mut model = Flux::new(&cfg.model);
+    model.plan().check_not_empty("Flux")?;
+    mxswitch_runtime::plan::check_schedule::<Flux>(&schedule)?;
+    allocate(&mut model, opts.seed)?;
+    let mut opt = AdamW::new(AdamWConfig {
+        lr: cfg.train.lr,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+    })?;
+    let start = match &opts.resume {
+        Some(path) => load_checkpoint(path, &mut model, &mut opt)?.iteration,
+        None => 0,
+    };
+    let metrics_file = prepare_out(&opts.out)?;
+    let mut metrics_out = BufWriter::new(metrics_file);
+
+    let data = SyntheticData::new(&cfg.model, &cfg.data, opts.seed);
+    let inputs = StepInputs { data: &data, act };
+    let report = warmup(&mut model, &mut opt, &schedule, start, |m, o| {
+        train_step(m, o, &inputs, start).map(|_| ())
+    })?;
+    let bar = progress_bar(opts.progress, start, iters);
+    bar.println(report.to_string());
+
+    let mut metrics = Vec::new();
+    let mut switches = Vec::new();
+    for iter in start..iters {
+        let sw: SwitchReport = model.apply_with(&schedule, iter)?;
+        if sw.changed > 0 {
+            let line = sw.to_string();
+            bar.println(&line);
+            switches.push(line);
+        }
+        let t0 = Instant::now();
+        let (loss, per_element) = train_step(&mut model, &mut opt, &inputs, iter)?;
+        let step_time_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let recipe = sw.recipe.to_string();
+        let m = StepMetrics {
+            iter,
+            loss,
+            recipe,
+            layers_converted: sw.layers_converted,
+            linears_converted: sw.linears_converted,
+            step_time_ms,
+            saved_bytes_per_element: per_element,
+        };
+        let line =
+            serde_json::to_string(&m).map_err(|e| Error::InvalidOption(format!("metrics: {e}")))?;
+        writeln!(metrics_out, "{line}")
+            .map_err(|e| Error::InvalidOption(format!("writing metrics.jsonl: {e}")))?;
+        bar.set_message(format!("loss {loss:.4}  {}", m.recipe));
+        bar.inc(1);
+        metrics.push(m);
+    }
+    metrics_out
+        .flush()
+        .map_err(|e| Error::InvalidOption(format!("writing metrics.jsonl: {e}")))?;
+    bar.finish();
+
+    let checkpoint = opts.out.join("checkpoint.safetensors");
+    save_checkpoint(&checkpoint, &mut model, &opt, iters, opts.seed)?;
+    let plot = opts.out.join("loss.png");
+    let switch_iters: Vec<u64> = schedule.phases().iter().skip(1).map(|p| p.start).collect();
+    plot::loss_curve(&plot, &metrics, &switch_iters)?;
+    Ok(TrainSummary {
+        metrics,
+        switches,
+        checkpoint,
+        plot,
+    })
+}
+
+fn progress_bar(show: bool, start: u64, iters: u64) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(iters);
+    bar.set_position(start);
+    if let Ok(style) =
+        ProgressStyle::with_template("{bar:40} {pos}/{len} [{elapsed_precise} < {eta}] {msg}")
+    {
+        bar.set_style(style);
+    }
+    bar
+}
