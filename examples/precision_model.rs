@@ -158,3 +158,9 @@ fn main() -> Result<()> {
     }
     Ok(())
 }
+
+/// CI runs the whole example (`[[example]] test = true` in Cargo.toml).
+#[test]
+fn example_trains_through_the_switch() {
+    main().unwrap();
+}

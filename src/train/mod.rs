@@ -195,15 +195,15 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         train_step(m, o, &inputs, start).map(|_| ())
     })?;
     let bar = progress_bar(opts.progress, start, iters);
-    bar.println(report.to_string());
+    say(&bar, &report.to_string());
 
     let mut metrics = Vec::new();
     let mut switches = Vec::new();
     for iter in start..iters {
         let sw: SwitchReport = model.apply_with(&schedule, iter)?;
-        if sw.changed > 0 {
+        if sw.changed > 0 || iter == start {
             let line = sw.to_string();
-            bar.println(&line);
+            say(&bar, &line);
             switches.push(line);
         }
         let t0 = Instant::now();
@@ -243,6 +243,16 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
         checkpoint,
         plot,
     })
+}
+
+/// Print a line above the progress bar, or plainly when the bar is hidden
+/// (not a terminal, or progress off).
+fn say(bar: &ProgressBar, line: &str) {
+    if bar.is_hidden() {
+        println!("{line}");
+    } else {
+        bar.println(line);
+    }
 }
 
 fn progress_bar(show: bool, start: u64, iters: u64) -> ProgressBar {

@@ -63,11 +63,12 @@ impl SyntheticData {
                     let (fy, fx, phase) = (
                         rng.next_f64() as f32,
                         rng.next_f64() as f32,
-                        rng.next_f64() as f32 * 6.283,
+                        rng.next_f64() as f32 * std::f32::consts::TAU,
                     );
                     for y in 0..h {
                         for x in 0..w {
-                            let arg = 6.283 * (fy * y as f32 / h as f32 + fx * x as f32 / w as f32)
+                            let arg = std::f32::consts::TAU
+                                * (fy * y as f32 / h as f32 + fx * x as f32 / w as f32)
                                 + phase;
                             p.push(level + 0.5 * arg.sin());
                         }
