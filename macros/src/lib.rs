@@ -22,7 +22,7 @@ use proc_macro::TokenStream;
 ///
 /// ```ignore
 /// use mxswitch::precision;
-/// use mxswitch::runtime::recipe::linear::QuantLinear;
+/// use mxswitch::runtime::linear::QuantLinear;
 ///
 /// #[precision(mxfp4, switch_to = fp8, at = 12000)]
 /// pub struct Flux {
