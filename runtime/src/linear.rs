@@ -6,7 +6,7 @@
 //! `apply(iteration)`, which touches no parameter and no optimizer state.
 //! The master weight stays f32 and is quantized inside every forward.
 
-use crate::module::{Init, ParamSlot, Parameters};
+use crate::module::{linear_slots, Init, ParamSlot, Parameters};
 use crate::ops::{apply_custom, CustomOp};
 use crate::plan::{LinearSite, PlanLinear};
 use crate::recipe::linear::{backward, forward, LinearCtx, LinearShape, Saved};
@@ -111,22 +111,9 @@ impl QuantLinear {
 impl Parameters for QuantLinear {
     fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
         let init = Init::Uniform(1.0 / (self.in_features as f32).sqrt());
-        f(ParamSlot::new(
-            prefix,
-            "weight",
-            vec![self.out_features, self.in_features],
-            init,
-            &mut self.weight,
-        ));
-        if self.has_bias {
-            f(ParamSlot::new(
-                prefix,
-                "bias",
-                vec![self.out_features],
-                init,
-                &mut self.bias,
-            ));
-        }
+        let shape = [self.out_features, self.in_features];
+        let bias = self.has_bias.then_some(&mut self.bias);
+        linear_slots(prefix, shape, init, &mut self.weight, bias, f);
     }
 }
 

@@ -209,21 +209,35 @@ impl Parameters for Dense {
         } else {
             Init::Uniform(1.0 / (self.in_features as f32).sqrt())
         };
+        let shape = [self.out_features, self.in_features];
+        let bias = self.has_bias.then_some(&mut self.bias);
+        linear_slots(prefix, shape, init, &mut self.weight, bias, f);
+    }
+}
+
+/// The slots of a linear layer: `weight` [out, in] and, if given, `bias` [out].
+pub fn linear_slots(
+    prefix: &str,
+    [out_features, in_features]: [usize; 2],
+    init: Init,
+    weight: &mut Option<Param>,
+    bias: Option<&mut Option<Param>>,
+    f: &mut dyn FnMut(ParamSlot<'_>),
+) {
+    f(ParamSlot::new(
+        prefix,
+        "weight",
+        vec![out_features, in_features],
+        init,
+        weight,
+    ));
+    if let Some(bias) = bias {
         f(ParamSlot::new(
             prefix,
-            "weight",
-            vec![self.out_features, self.in_features],
+            "bias",
+            vec![out_features],
             init,
-            &mut self.weight,
+            bias,
         ));
-        if self.has_bias {
-            f(ParamSlot::new(
-                prefix,
-                "bias",
-                vec![self.out_features],
-                init,
-                &mut self.bias,
-            ));
-        }
     }
 }

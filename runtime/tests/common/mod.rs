@@ -2,20 +2,16 @@
 //! comparison with a printed report.
 #![allow(dead_code)]
 
-/// SplitMix64: tiny, seeded and the same on every platform.
-pub struct Rng(u64);
+/// The runtime's seeded SplitMix64, with the ranges the op tests want.
+pub struct Rng(mxswitch_runtime::module::SplitMix64);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        Rng(seed)
+        Rng(mxswitch_runtime::module::SplitMix64::new(seed))
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in [lo, hi).
