@@ -152,6 +152,24 @@ fn bf16_activations_train() {
     assert!(s.metrics.iter().all(|m| m.loss.is_finite()));
 }
 
+/// A guidance-distilled config trains its guidance embedder too.
+#[test]
+fn guidance_embed_trains() {
+    let mut cfg = tiny();
+    cfg.model.guidance_embed = true;
+    let dir = tempfile::tempdir().unwrap();
+    let s = run(cfg, dir.path(), 2, None);
+    assert!(s.metrics.iter().all(|m| m.loss.is_finite()));
+    let ckpt = std::fs::read(&s.checkpoint).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&ckpt).unwrap();
+    assert!(
+        st.names()
+            .iter()
+            .any(|n| n.starts_with("adamw.m.guidance_in.")),
+        "guidance_in got no optimizer step"
+    );
+}
+
 /// Flux.1-schnell's plan without allocating its 12B parameters.
 #[test]
 fn schnell_plan_without_weights() {

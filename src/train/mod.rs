@@ -113,12 +113,14 @@ fn train_step(
     iter: u64,
 ) -> Result<(f32, f64)> {
     let batch = inp.data.batch(iter, inp.act)?;
+    // Guidance-distilled configs (Flux.1-dev) get a constant strength of 1.
+    let guidance = vec![1.0; batch.timesteps.len()];
     let pred = model.forward(&FluxInput {
         img: &batch.img,
         txt: &batch.txt,
         timesteps: &batch.timesteps,
         y: &batch.y,
-        guidance: None,
+        guidance: model.guidance_in.is_some().then_some(&guidance[..]),
         patches_hw: batch.patches_hw,
     })?;
     let loss = mse_loss(&pred.to_dtype(DType::F32)?, &batch.target)?;

@@ -374,7 +374,14 @@ impl Flux {
             &device,
         )?;
         let mut vec = self.time_in.forward(&t_emb.to_dtype(act)?)?;
-        if let (Some(g_in), Some(g)) = (&self.guidance_in, inp.guidance) {
+        if let Some(g_in) = &self.guidance_in {
+            // As upstream: a guidance-distilled model needs its guidance strength.
+            let g = inp.guidance.ok_or_else(|| {
+                mxswitch_runtime::Error::InvalidOption(
+                    "this Flux has a guidance embedder (guidance_embed): pass guidance strengths"
+                        .into(),
+                )
+            })?;
             let g_emb = Tensor::from_vec(
                 timestep_embedding(g, TIME_DIM),
                 [g.len(), TIME_DIM],
