@@ -162,7 +162,18 @@ fn prepare_out(out: &Path) -> Result<File> {
 }
 
 /// Train as `opts` says.
+///
+/// The run executes inside a rayon pool so that the ops' parallel loops are
+/// scheduled from a worker thread: from outside a pool every parallel call
+/// would block on a latch, which costs more than a tiny op itself.
 pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .build()
+        .map_err(|e| Error::InvalidOption(format!("cannot start the worker threads: {e}")))?;
+    pool.install(|| train_in_pool(opts))
+}
+
+fn train_in_pool(opts: &TrainOptions) -> Result<TrainSummary> {
     check_device(opts.device)?;
     let cfg = &opts.config;
     let iters = opts.iters.unwrap_or(cfg.train.iters);
