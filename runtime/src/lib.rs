@@ -18,6 +18,8 @@ pub mod autograd;
 pub mod backend;
 mod backprop;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod device;
 pub mod dtype;
 pub mod op;

@@ -1,0 +1,263 @@
+// mxswitch kernel common code: the element formats, E8M0 scales, Philox and
+// Hadamard-16 of SPEC sections 1-3, as device functions.
+//
+// Every function here is a line-for-line port of its CPU reference in
+// runtime/src/formats.rs and runtime/src/quant/*.rs, so that the GPU gives the
+// same bits. Three rules keep it that way:
+//   - integer bit manipulation instead of hardware conversions (no cvt.e4m3,
+//     no __nv_cvt_float_to_fp8), so NaN, saturation and ties follow the CPU;
+//   - plain IEEE f32 arithmetic: the host compiles with --fmad=false (no
+//     contraction of x * s + c into an FMA), --ftz=false and --prec-div=true;
+//   - the same operation order (Hadamard butterfly, Philox rounds).
+//
+// The code keeps to the common subset of CUDA and HIP: __float_as_uint,
+// __uint_as_float, fminf, floorf, __syncthreads and atomicMax exist in both;
+// no warp shuffles (HIP wavefronts are 64 wide), no inline PTX, no headers.
+// The host prepends this file to each kernel source before compiling.
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+// Elements per MX block, and the side of a 2-D scale tile.
+#define MX_BLOCK 32
+// The quiet NaN the CPU's f32::NAN has.
+#define F32_QNAN_BITS 0x7FC00000u
+
+__device__ __forceinline__ u32 f2u(float x) { return __float_as_uint(x); }
+__device__ __forceinline__ float u2f(u32 x) { return __uint_as_float(x); }
+__device__ __forceinline__ bool is_nan_bits(u32 b) { return (b & 0x7FFFFFFFu) > 0x7F800000u; }
+
+// ---------------------------------------------------------------------------
+// Element formats (formats.rs, MiniFloat and NanStyle)
+
+enum NanStyle { NAN_FINITE_ONLY = 0, NAN_IEEE = 1, NAN_FNUZ = 2, NAN_NONE = 3 };
+
+template <int EXP, int MAN, int BIAS, u32 MAX_CODE, int NAN_STYLE>
+struct MiniFloat {
+    static constexpr int exp_bits = EXP;
+    static constexpr int man_bits = MAN;
+    static constexpr int bias = BIAS;
+    static constexpr u32 max_code = MAX_CODE;
+    static constexpr int nan_style = NAN_STYLE;
+    // Exponent of the largest power of two below max: emax_elem of the MX rules.
+    static constexpr int emax = (int)(MAX_CODE >> MAN) - BIAS;
+    // f32 bits of the largest finite magnitude.
+    static constexpr u32 max_bits =
+        ((u32)((int)(MAX_CODE >> MAN) - BIAS + 127) << 23) | ((MAX_CODE & ((1u << MAN) - 1u)) << (23 - MAN));
+    __device__ __forceinline__ static float max_value() { return u2f(max_bits); }
+};
+
+typedef MiniFloat<4, 3, 7, 0x7Eu, NAN_FINITE_ONLY> E4M3FN;  // max 448
+typedef MiniFloat<5, 2, 15, 0x7Bu, NAN_IEEE> E5M2;          // max 57344
+typedef MiniFloat<4, 3, 8, 0x7Fu, NAN_FNUZ> E4M3FNUZ;       // max 240
+typedef MiniFloat<5, 2, 16, 0x7Fu, NAN_FNUZ> E5M2FNUZ;      // max 57344
+typedef MiniFloat<2, 1, 1, 0x7u, NAN_NONE> E2M1;            // max 6
+
+// The code a NaN input of sign `sign` encodes to.
+template <class F>
+__device__ __forceinline__ u32 nan_code(u32 sign) {
+    return F::nan_style == NAN_FNUZ ? 0x80u : F::nan_style == NAN_NONE ? 0u : (0x7Fu | (sign << 7));
+}
+
+// Put the sign on a magnitude code; FNUZ has no negative zero.
+template <class F>
+__device__ __forceinline__ u32 apply_sign(u32 mag, u32 sign) {
+    const u32 s = mag | (sign << (F::exp_bits + F::man_bits));
+    return (F::nan_style == NAN_FNUZ && mag == 0u) ? 0u : s;
+}
+
+// Magnitude code of a = |x| under RNE with saturation (formats.rs,
+// magnitude_code): normal range by adding the RNE increment to the bits,
+// subnormal range by the 2^23 magic add (the f32 adder does ties-to-even).
+template <class F>
+__device__ __forceinline__ u32 magnitude_code(float a) {
+    a = fminf(a, F::max_value());
+    const u32 shift = 23 - F::man_bits;
+    const u32 bits = f2u(a);
+    const u32 rounded = bits + ((1u << (shift - 1)) - 1u) + ((bits >> shift) & 1u);
+    const u32 normal = (rounded >> shift) - ((u32)(127 - F::bias) << F::man_bits);
+    // Subnormal step of the format is 2^(1 - bias - man_bits).
+    const float to_steps = u2f((u32)(127 - 1 + F::bias + F::man_bits) << 23);
+    const u32 sub = f2u(a * to_steps + 8388608.0f) - 0x4B000000u;
+    const u32 min_normal_bits = (u32)(128 - F::bias) << 23;
+    return bits >= min_normal_bits ? normal : sub;
+}
+
+// Satfinite round-to-nearest-even encoding of one f32 (formats.rs, encode_rne).
+template <class F>
+__device__ __forceinline__ u32 encode_rne(float x) {
+    const u32 bits = f2u(x);
+    const u32 sign = bits >> 31;
+    const u32 mag = magnitude_code<F>(u2f(bits & 0x7FFFFFFFu)) & 0xFFu;
+    const u32 code = apply_sign<F>(mag, sign) & 0xFFu;
+    return is_nan_bits(bits) ? nan_code<F>(sign) : code;
+}
+
+// Satfinite encoding with stochastic rounding (formats.rs, encode_sr): round
+// away from zero when the top 24 bits of `r` fall below the fractional
+// position of |x| between its two neighbouring codes.
+template <class F>
+__device__ __forceinline__ u32 encode_sr(float x, u32 r) {
+    const u32 bits = f2u(x);
+    const u32 sign = bits >> 31;
+    if (is_nan_bits(bits)) return nan_code<F>(sign);
+    const float a = fminf(u2f(bits & 0x7FFFFFFFu), F::max_value());
+    const u32 shift = 23 - F::man_bits;
+    const u32 min_normal_bits = (u32)(128 - F::bias) << 23;
+    const u32 ab = f2u(a);
+    u32 lo_code;
+    float lo_val, step;
+    if (ab >= min_normal_bits) {
+        const u32 t = ab & ~((1u << shift) - 1u);
+        lo_code = (t >> shift) - ((u32)(127 - F::bias) << F::man_bits);
+        step = u2f(t & 0x7F800000u) * u2f((u32)(127 - F::man_bits) << 23);
+        lo_val = u2f(t);
+    } else {
+        step = u2f((u32)(127 + 1 - F::bias - F::man_bits) << 23);
+        const float n = floorf(a / step);
+        lo_code = (u32)n;
+        lo_val = n * step;
+    }
+    // Fraction in [0, 1) of the way to the next code; exact (step is a power of two).
+    const float frac = (a - lo_val) / step;
+    const bool up = (float)(r >> 8) < frac * 16777216.0f;
+    u32 code = lo_code + (up ? 1u : 0u);
+    code = code < F::max_code ? code : F::max_code;
+    return apply_sign<F>(code & 0xFFu, sign) & 0xFFu;
+}
+
+// Exact value of a code (formats.rs, decode).
+template <class F>
+__device__ __forceinline__ float decode(u32 code) {
+    const int nbits = 1 + F::exp_bits + F::man_bits;
+    code &= (1u << nbits) - 1u;
+    const u32 sign = code >> (nbits - 1);
+    const u32 mag = code & ((1u << (nbits - 1)) - 1u);
+    const u32 e = mag >> F::man_bits;
+    const u32 m = mag & ((1u << F::man_bits) - 1u);
+    const bool exp_all_ones = e == (1u << F::exp_bits) - 1u;
+    if (F::nan_style == NAN_FINITE_ONLY && mag == 0x7Fu) return u2f(F32_QNAN_BITS);
+    if (F::nan_style == NAN_IEEE && exp_all_ones) {
+        return m == 0u ? u2f(0x7F800000u | (sign << 31)) : u2f(F32_QNAN_BITS);
+    }
+    if (F::nan_style == NAN_FNUZ && code == 0x80u) return u2f(F32_QNAN_BITS);
+    float v;
+    if (e == 0u) {
+        // Subnormal: m * 2^(1 - bias - man_bits), exact.
+        v = (float)m * u2f((u32)(127 + 1 - F::bias - F::man_bits) << 23);
+    } else {
+        v = u2f(((e - F::bias + 127) << 23) | (m << (23 - F::man_bits)));
+    }
+    return sign ? -v : v;
+}
+
+// ---------------------------------------------------------------------------
+// E8M0 scales (formats.rs e8m0, quant/scale.rs)
+
+// 2^(b - 127); byte 0 is the subnormal 2^-127, 0xFF is NaN.
+__device__ __forceinline__ float e8m0_decode(u32 b) {
+    return b == 0u ? u2f(0x00400000u) : b == 0xFFu ? u2f(F32_QNAN_BITS) : u2f(b << 23);
+}
+
+// 2^(127 - b): what elements are multiplied by before encoding.
+__device__ __forceinline__ float e8m0_reciprocal(u32 b) {
+    return b == 254u ? u2f(0x00400000u) : b == 0xFFu ? u2f(F32_QNAN_BITS) : u2f((254u - b) << 23);
+}
+
+enum ScaleMode { SCALE_FLOOR = 0, SCALE_CEIL = 1, SCALE_EVEN = 2, SCALE_RCEIL = 3 };
+
+// byte = clamp(e - emax_elem, -127, 128) + 127.
+template <class F>
+__device__ __forceinline__ u32 floor_byte(int e) {
+    int v = e - F::emax;
+    v = v < -127 ? -127 : v > 128 ? 128 : v;
+    return (u32)(v + 127);
+}
+
+// Round a non-negative f32 up to a power of two and give its E8M0 byte
+// (PTX cvt.rp.ue8m0x2.f32 without satfinite: overflow gives 0xFF).
+__device__ __forceinline__ u32 rceil_byte(float descale) {
+    const u32 bits = f2u(descale);
+    if ((bits & 0x7F800000u) == 0x7F800000u) return 0xFFu;
+    const u32 exp_field = (bits >> 23) & 0xFFu;
+    const u32 man = bits & 0x7FFFFFu;
+    // 2^-127 (byte 0) is the subnormal with mantissa 0x400000.
+    const bool up = exp_field == 0u ? man > 0x400000u : man != 0u;
+    const u32 b = exp_field + (up ? 1u : 0u);
+    return b < 0xFFu ? b : 0xFFu;
+}
+
+// The E8M0 scale byte of a block with this amax (ScaleMode::scale_byte).
+template <class F>
+__device__ __forceinline__ u32 scale_byte(float amax, int mode) {
+    const u32 bits = f2u(amax);
+    if ((bits & 0x7F800000u) == 0x7F800000u) return 0xFFu;  // NaN or Inf in the block
+    const int exp_field = (int)((bits >> 23) & 0xFFu);
+    switch (mode) {
+    case SCALE_FLOOR:
+        return floor_byte<F>(exp_field - 127);
+    case SCALE_CEIL:
+        return floor_byte<F>(exp_field - 127 + ((bits & 0x7FFFFFu) != 0u ? 1 : 0));
+    case SCALE_EVEN: {
+        const u32 rounded = (bits + (1u << (23 - F::man_bits - 1))) & 0xFF800000u;
+        const int field = (int)((rounded >> 23) & 0xFFu);
+        // Rounding carried amax to Inf: torchao gives the NaN scale.
+        return field == 0xFF ? 0xFFu : floor_byte<F>(field - 127);
+    }
+    default:  // SCALE_RCEIL: descale = fl32(amax * fl32(1 / max_elem))
+        return rceil_byte(amax * (1.0f / F::max_value()));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// BF16 (formats.rs bf16): round to nearest even, NaN stays a quiet NaN.
+
+__device__ __forceinline__ u16 bf16_from_f32(float x) {
+    const u32 b = f2u(x);
+    if (is_nan_bits(b)) return (u16)((b >> 16) | 0x40u);
+    return (u16)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+
+// ---------------------------------------------------------------------------
+// Philox-4x32-10 (quant/philox.rs): counter c, key (k0, k1), in place.
+
+__device__ __forceinline__ void philox4x32_10(u32 c[4], u32 k0, u32 k1) {
+#pragma unroll
+    for (int i = 0; i < 10; ++i) {
+        const u64 p0 = (u64)0xD2511F53u * (u64)c[0];
+        const u64 p1 = (u64)0xCD9E8D57u * (u64)c[2];
+        const u32 n0 = (u32)(p1 >> 32) ^ c[1] ^ k0;
+        const u32 n1 = (u32)p1;
+        const u32 n2 = (u32)(p0 >> 32) ^ c[3] ^ k1;
+        const u32 n3 = (u32)p0;
+        c[0] = n0;
+        c[1] = n1;
+        c[2] = n2;
+        c[3] = n3;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Hadamard-16 (quant/hadamard.rs): butterfly stages h = 1, 2, 4, 8, then * 0.25.
+
+__device__ __forceinline__ void hadamard16(float* g) {
+#pragma unroll
+    for (int h = 1; h < 16; h *= 2) {
+#pragma unroll
+        for (int i = 0; i < 16; i += 2 * h) {
+#pragma unroll
+            for (int j = i; j < i + h; ++j) {
+                const float a = g[j];
+                const float b = g[j + h];
+                g[j] = a + b;
+                g[j + h] = a - b;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) g[i] *= 0.25f;
+}

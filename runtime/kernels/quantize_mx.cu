@@ -1,0 +1,242 @@
+// MX block quantization of rows (SPEC section 2; CPU reference:
+// runtime/src/quant/mx.rs, quantize_rows and MxTensor::dequantize_rows).
+//
+// Layout, as on the CPU ("axis-last"): the input is `rows` rows of `len` f32,
+// row-major; each row is zero-padded to padded_len = 32 * nb. Blocks are the
+// consecutive 32-element chunks of the padded rows, numbered b = row * nb + k.
+//   codes  [rows, padded_len]     E4M3FN, or [rows, padded_len / 2] E2M1
+//                                 packed two per byte, element 2i in the low nibble
+//   scales [rows, nb]             E8M0 bytes
+//
+// One thread owns one block (32 elements in registers); a CTA owns
+// QTHREADS consecutive blocks and stages them through shared memory so that
+// global loads and stores are coalesced (a warp touches 32 consecutive
+// elements of one block at a time).
+//
+// 32x32 tiles (one scale per tile, replicated over its rows) take three
+// launches: PHASE_AMAX writes each block's amax, mx_tile_scales_* reduces
+// them per tile into the scale bytes, PHASE_ENCODE_FIXED encodes with them.
+
+// Threads per CTA = MX blocks per CTA.
+#define QTHREADS 128
+// Row stride of the shared staging tile: 33 floats, so that thread t reading
+// element j of its block hits bank (33 t + j) mod 32 and no two threads of a
+// warp collide.
+#define TILE_STRIDE 33
+
+enum Phase { PHASE_QUANTIZE = 0, PHASE_AMAX = 1, PHASE_ENCODE_FIXED = 2 };
+
+// Element offset of each staged block's row start, and its first column.
+struct StagedBlocks {
+    u64 row_offset[QTHREADS];
+    u32 col0[QTHREADS];
+};
+
+// Fill the row offset and first column of this CTA's blocks (one per thread).
+__device__ __forceinline__ void locate_blocks(StagedBlocks& sb, u64 first, u64 nblocks, u32 nb,
+                                              u32 row_len) {
+    const u64 b = first + threadIdx.x;
+    if (b < nblocks) {
+        const u64 row = b / nb;
+        sb.row_offset[threadIdx.x] = row * row_len;
+        sb.col0[threadIdx.x] = (u32)(b - row * nb) * MX_BLOCK;
+    }
+}
+
+template <class F>
+__device__ __forceinline__ void quantize_mx_rows(const float* x, u8* codes, u8* scales, u32* amax_bits,
+                                                 u32 rows, u32 len, u32 nb, int mode, int phase,
+                                                 int hadamard, int sr, u32 seed_lo, u32 seed_hi,
+                                                 u32 step, u32 tensor_id) {
+    __shared__ float tile[QTHREADS * TILE_STRIDE];
+    __shared__ StagedBlocks sb;
+    const u64 nblocks = (u64)rows * nb;
+    const u64 first = (u64)blockIdx.x * QTHREADS;
+    locate_blocks(sb, first, nblocks, nb, len);
+    __syncthreads();
+
+    // Stage: warp w loads blocks w, w + 4, ...; lane j loads element j (zero past len).
+    const u32 j = threadIdx.x % MX_BLOCK;
+    for (u32 lb = threadIdx.x / MX_BLOCK; lb < QTHREADS; lb += QTHREADS / MX_BLOCK) {
+        float v = 0.0f;
+        if (first + lb < nblocks) {
+            const u32 col = sb.col0[lb] + j;
+            if (col < len) v = x[sb.row_offset[lb] + col];
+        }
+        tile[lb * TILE_STRIDE + j] = v;
+    }
+    __syncthreads();
+
+    const u64 b = first + threadIdx.x;
+    if (b >= nblocks) return;
+    float v[MX_BLOCK];
+#pragma unroll
+    for (int i = 0; i < MX_BLOCK; ++i) v[i] = tile[threadIdx.x * TILE_STRIDE + i];
+    if (hadamard) {
+        hadamard16(v);
+        hadamard16(v + 16);
+    }
+
+    u32 byte;
+    if (phase == PHASE_ENCODE_FIXED) {
+        byte = scales[b];
+    } else {
+        // Block amax as the max of |x| bits: NaN > Inf > every finite value.
+        u32 m = 0u;
+#pragma unroll
+        for (int i = 0; i < MX_BLOCK; ++i) {
+            const u32 a = f2u(v[i]) & 0x7FFFFFFFu;
+            m = a > m ? a : m;
+        }
+        if (phase == PHASE_AMAX) {
+            amax_bits[b] = m;
+            return;
+        }
+        byte = scale_byte<F>(u2f(m), mode);
+        scales[b] = (u8)byte;
+    }
+
+    u32 c[MX_BLOCK];
+    if (byte == 0xFFu) {
+        // NaN scale: the block holds NaN or Inf; its codes are zero.
+#pragma unroll
+        for (int i = 0; i < MX_BLOCK; ++i) c[i] = 0u;
+    } else {
+        const float recip = e8m0_reciprocal(byte);
+        if (sr) {
+            // Element i of the padded layout takes word i % 4 of
+            // philox([i / 4 lo, i / 4 hi, step, tensor_id], seed) (SrKey::word).
+#pragma unroll
+            for (int g = 0; g < MX_BLOCK / 4; ++g) {
+                const u64 group = b * (MX_BLOCK / 4) + (u64)g;
+                u32 w[4] = {(u32)group, (u32)(group >> 32), step, tensor_id};
+                philox4x32_10(w, seed_lo, seed_hi);
+#pragma unroll
+                for (int q = 0; q < 4; ++q) c[4 * g + q] = encode_sr<F>(v[4 * g + q] * recip, w[q]);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < MX_BLOCK; ++i) c[i] = encode_rne<F>(v[i] * recip);
+        }
+    }
+
+    if (F::exp_bits + F::man_bits == 3) {
+        // E2M1: 16 bytes per block, written as four little-endian words.
+        u32* out = (u32*)(codes + b * (MX_BLOCK / 2));
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            u32 w = 0u;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) w |= (c[8 * k + 2 * i] | (c[8 * k + 2 * i + 1] << 4)) << (8 * i);
+            out[k] = w;
+        }
+    } else {
+        u32* out = (u32*)(codes + b * MX_BLOCK);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            out[k] = c[4 * k] | (c[4 * k + 1] << 8) | (c[4 * k + 2] << 16) | (c[4 * k + 3] << 24);
+        }
+    }
+}
+
+// One scale byte per 32x32 tile from the per-block amax bits, replicated over
+// the tile's rows (mx.rs, tile_scales). One thread per (tile row, block column).
+template <class F>
+__device__ __forceinline__ void mx_tile_scales(const u32* amax_bits, u8* scales, u32 rows, u32 nb,
+                                               int mode) {
+    const u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    const u64 tile_rows = (rows + MX_BLOCK - 1) / MX_BLOCK;
+    if (idx >= tile_rows * nb) return;
+    const u64 tr = idx / nb;
+    const u64 k = idx - tr * nb;
+    const u64 r0 = tr * MX_BLOCK;
+    const u64 r1 = r0 + MX_BLOCK < rows ? r0 + MX_BLOCK : rows;
+    u32 m = 0u;
+    for (u64 r = r0; r < r1; ++r) {
+        const u32 a = amax_bits[r * nb + k];
+        m = a > m ? a : m;
+    }
+    const u8 byte = (u8)scale_byte<F>(u2f(m), mode);
+    for (u64 r = r0; r < r1; ++r) scales[r * nb + k] = byte;
+}
+
+// decode(code) * 2^(byte - 127) in f32 for every element of the blocks, then
+// (unrotate) the Hadamard-16 again, written as f32 or BF16 to
+// out[row * out_stride + col] for col < out_len. out_len = out_stride =
+// padded_len gives MxTensor::dequantize_rows (the GEMM operand);
+// out_len = out_stride = len with unrotate gives MxTensor::dequantize.
+template <class F>
+__device__ __forceinline__ void dequantize_mx_rows(const u8* codes, const u8* scales, float* out_f32,
+                                                   u16* out_bf16, u32 rows, u32 nb, u32 out_len,
+                                                   u32 out_stride, int unrotate) {
+    __shared__ float tile[QTHREADS * TILE_STRIDE];
+    __shared__ StagedBlocks sb;
+    const u64 nblocks = (u64)rows * nb;
+    const u64 first = (u64)blockIdx.x * QTHREADS;
+    locate_blocks(sb, first, nblocks, nb, out_stride);
+
+    const u64 b = first + threadIdx.x;
+    if (b < nblocks) {
+        const float s = e8m0_decode(scales[b]);
+        float v[MX_BLOCK];
+        if (F::exp_bits + F::man_bits == 3) {
+            const u32* in = (const u32*)(codes + b * (MX_BLOCK / 2));
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const u32 w = in[k];
+#pragma unroll
+                for (int i = 0; i < 8; ++i) v[8 * k + i] = decode<F>((w >> (4 * i)) & 0xFu) * s;
+            }
+        } else {
+            const u32* in = (const u32*)(codes + b * MX_BLOCK);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                const u32 w = in[k];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) v[4 * k + i] = decode<F>((w >> (8 * i)) & 0xFFu) * s;
+            }
+        }
+        if (unrotate) {
+            hadamard16(v);
+            hadamard16(v + 16);
+        }
+#pragma unroll
+        for (int i = 0; i < MX_BLOCK; ++i) tile[threadIdx.x * TILE_STRIDE + i] = v[i];
+    }
+    __syncthreads();
+
+    const u32 j = threadIdx.x % MX_BLOCK;
+    for (u32 lb = threadIdx.x / MX_BLOCK; lb < QTHREADS; lb += QTHREADS / MX_BLOCK) {
+        if (first + lb >= nblocks) break;
+        const u32 col = sb.col0[lb] + j;
+        if (col >= out_len) continue;
+        const float v = tile[lb * TILE_STRIDE + j];
+        const u64 o = sb.row_offset[lb] + col;
+        if (out_bf16) {
+            out_bf16[o] = bf16_from_f32(v);
+        } else {
+            out_f32[o] = v;
+        }
+    }
+}
+
+#define MX_KERNELS(SUFFIX, FMT)                                                                      \
+    extern "C" __global__ void __launch_bounds__(QTHREADS) quantize_mx_##SUFFIX(                     \
+        const float* x, u8* codes, u8* scales, u32* amax_bits, u32 rows, u32 len, u32 nb, int mode,  \
+        int phase, int hadamard, int sr, u32 seed_lo, u32 seed_hi, u32 step, u32 tensor_id) {        \
+        quantize_mx_rows<FMT>(x, codes, scales, amax_bits, rows, len, nb, mode, phase, hadamard, sr, \
+                              seed_lo, seed_hi, step, tensor_id);                                    \
+    }                                                                                                \
+    extern "C" __global__ void mx_tile_scales_##SUFFIX(const u32* amax_bits, u8* scales, u32 rows,   \
+                                                       u32 nb, int mode) {                           \
+        mx_tile_scales<FMT>(amax_bits, scales, rows, nb, mode);                                      \
+    }                                                                                                \
+    extern "C" __global__ void __launch_bounds__(QTHREADS) dequantize_mx_##SUFFIX(                   \
+        const u8* codes, const u8* scales, float* out_f32, u16* out_bf16, u32 rows, u32 nb,          \
+        u32 out_len, u32 out_stride, int unrotate) {                                                 \
+        dequantize_mx_rows<FMT>(codes, scales, out_f32, out_bf16, rows, nb, out_len, out_stride,     \
+                                unrotate);                                                           \
+    }
+
+MX_KERNELS(e2m1, E2M1)
+MX_KERNELS(e4m3fn, E4M3FN)

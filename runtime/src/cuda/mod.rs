@@ -1,0 +1,74 @@
+//! The CUDA backend's foundation (feature `cuda`): a device context with a
+//! caching allocator, NVRTC-compiled quantizer kernels that are bit-exact with
+//! the CPU quantizers of [`crate::quant`], and cuBLASLt GEMMs (BF16 and FP8).
+//!
+//! Everything is loaded at run time through `cudarc` (`dynamic-loading`), so
+//! a build with this feature needs no CUDA installed; on a machine without a
+//! GPU or without `libcuda`, `libnvrtc` or `libcublasLt`, [`CudaContext::new`]
+//! returns [`CudaError::Unavailable`] with one line saying what was looked
+//! for and where (DESIGN.md, "Backends"). It never panics.
+//!
+//! Layout conventions, shared with the CPU quantizers: a quantized operand is
+//! "axis-last" (the quantization axis, which is the GEMM's reduction axis K,
+//! is contiguous), so every GEMM here is `y[M, N] = a[M, K] · b[N, K]^T`
+//! with both operands K-major. That is exactly cuBLASLt's "TN" layout, the
+//! only one Hopper runs FP8 in.
+//!
+//! - [`context`]: [`CudaContext`] (device, stream, kernel cache, versions).
+//! - [`alloc`]: the size-class caching allocator behind [`DevBuf`].
+//! - [`nvrtc`]: kernel sources (`runtime/kernels/*.cu`) and the per-process
+//!   compile cache.
+//! - [`quantize`]: MX quantize / dequantize and FP8 tensorwise launches.
+//! - [`gemm`]: cuBLASLt matmuls with per-tensor FP8 scale pointers.
+
+pub mod alloc;
+pub mod context;
+pub mod gemm;
+pub mod nvrtc;
+pub mod quantize;
+
+pub use alloc::{DevBuf, PoolStats};
+pub use context::{CudaContext, DeviceInfo, GpuTimer};
+pub use gemm::{GemmDType, GemmOperand};
+pub use quantize::{DequantLayout, Fp8Device, MxDevice};
+
+/// Failures of the CUDA backend. Every message is one line.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    /// No usable GPU, driver or library: what was looked for and where.
+    #[error("CUDA backend unavailable: {0}")]
+    Unavailable(String),
+    /// A CUDA driver call failed.
+    #[error("CUDA driver error in {op}: {err}")]
+    Driver { op: String, err: String },
+    /// NVRTC rejected a kernel source; `log` is the compiler's output.
+    #[error("NVRTC failed to compile {source_name} ({options}): {log}")]
+    Compile {
+        source_name: String,
+        options: String,
+        log: String,
+    },
+    /// A cuBLASLt call failed or found no algorithm.
+    #[error("cuBLASLt: {0}")]
+    Blas(String),
+    /// Arguments a kernel or GEMM cannot take (shape, dtype, alignment).
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    /// An error of the runtime proper (for example a non-finite amax).
+    #[error(transparent)]
+    Runtime(#[from] crate::Error),
+}
+
+/// Result with [`CudaError`].
+pub type Result<T> = std::result::Result<T, CudaError>;
+
+/// Wraps a driver error with the name of the failing operation.
+pub(crate) fn driver_err(
+    op: impl Into<String>,
+) -> impl FnOnce(cudarc::driver::DriverError) -> CudaError {
+    let op = op.into();
+    move |e| CudaError::Driver {
+        op,
+        err: format!("{e:?}"),
+    }
+}

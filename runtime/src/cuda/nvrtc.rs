@@ -1,0 +1,150 @@
+//! Kernel sources and their run-time compilation by NVRTC, once per process.
+//!
+//! The sources live in `runtime/kernels/` and are embedded in the binary.
+//! Each is compiled with `common.cuh` prepended (NVRTC through cudarc takes
+//! no header list) and a `#line` directive so that compiler messages name the
+//! right file and line. The PTX is cached per (source, architecture) for the
+//! life of the process; each [`super::CudaContext`] loads a module once.
+//!
+//! Compiler flags that the bit-exactness with the CPU depends on:
+//! `--fmad=false` (no contraction of `a * b + c` into an FMA), `--ftz=false`
+//! (scales like 2^-127 are f32 subnormals), `--prec-div=true`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
+
+use super::{CudaError, Result};
+
+/// One kernel source file.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelSource {
+    /// File name under `runtime/kernels/`, used in messages and as the cache key.
+    pub name: &'static str,
+    pub body: &'static str,
+}
+
+/// Device code shared by every kernel: formats, scales, Philox, Hadamard.
+pub const COMMON: &str = include_str!("../../kernels/common.cuh");
+
+/// MX quantize, 32x32 tile scales and dequantize (E2M1 and E4M3FN).
+pub const QUANTIZE_MX: KernelSource = KernelSource {
+    name: "quantize_mx.cu",
+    body: include_str!("../../kernels/quantize_mx.cu"),
+};
+
+/// FP8 tensorwise amax, scale and cast.
+pub const QUANTIZE_FP8: KernelSource = KernelSource {
+    name: "quantize_fp8.cu",
+    body: include_str!("../../kernels/quantize_fp8.cu"),
+};
+
+/// Environment variable with extra include directories (`:`-separated), for
+/// kernels that include CUDA headers such as `cuda_fp8.h`.
+pub const INCLUDE_ENV: &str = "MXSWITCH_CUDA_INCLUDE";
+
+/// The full text NVRTC compiles for `src`.
+pub fn full_source(src: &KernelSource) -> String {
+    format!(
+        "#line 1 \"common.cuh\"\n{COMMON}\n#line 1 \"{}\"\n{}",
+        src.name, src.body
+    )
+}
+
+type PtxKey = (&'static str, String);
+
+fn ptx_cache() -> &'static Mutex<HashMap<PtxKey, Ptx>> {
+    static CACHE: OnceLock<Mutex<HashMap<PtxKey, Ptx>>> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Number of NVRTC compilations this process has run (for checking the cache).
+pub fn compile_count() -> usize {
+    COMPILES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static COMPILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The PTX of `src` for virtual architecture `arch` (e.g. `compute_90`),
+/// compiled on first use and cached for the process.
+pub fn ptx_for(src: &KernelSource, arch: &str, include_dirs: &[PathBuf]) -> Result<Ptx> {
+    let key = (src.name, arch.to_string());
+    let mut cache = ptx_cache().lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = cache.get(&key) {
+        return Ok(p.clone());
+    }
+    let opts = CompileOptions {
+        ftz: Some(false),
+        prec_div: Some(true),
+        prec_sqrt: Some(true),
+        fmad: Some(false),
+        include_paths: include_dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect(),
+        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
+        name: Some(src.name.to_string()),
+        ..Default::default()
+    };
+    let ptx = compile_ptx_with_opts(full_source(src), opts).map_err(|e| compile_error(src, e))?;
+    COMPILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    cache.insert(key, ptx.clone());
+    Ok(ptx)
+}
+
+fn compile_error(src: &KernelSource, e: CompileError) -> CudaError {
+    match e {
+        CompileError::CompileError {
+            nvrtc,
+            options,
+            log,
+        } => CudaError::Compile {
+            source_name: src.name.to_string(),
+            options: options.join(" "),
+            // Keep the message on one line.
+            log: format!(
+                "{nvrtc:?}: {}",
+                log.to_string_lossy().trim().replace('\n', " | ")
+            ),
+        },
+        other => CudaError::Compile {
+            source_name: src.name.to_string(),
+            options: String::new(),
+            log: format!("{other:?}"),
+        },
+    }
+}
+
+/// Include directories for NVRTC: those of `MXSWITCH_CUDA_INCLUDE` if set;
+/// otherwise the first `include/` holding `cuda_fp8.h` found beside the
+/// loaded CUDA libraries (`<lib dir>/../include`, as in the pip wheels
+/// `nvidia/cu13/{lib,include}` and in a toolkit's `lib64/../include`), then
+/// under `$CUDA_HOME` / `$CUDA_PATH` and `/usr/local/cuda`.
+pub fn include_dirs(loaded_libs: &[PathBuf]) -> Vec<PathBuf> {
+    if let Ok(v) = std::env::var(INCLUDE_ENV) {
+        return std::env::split_paths(&v)
+            .filter(|p| !p.as_os_str().is_empty())
+            .collect();
+    }
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    for lib in loaded_libs {
+        if let Some(dir) = lib.parent() {
+            candidates.push(dir.join("../include"));
+            candidates.push(dir.join("../../include"));
+        }
+    }
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Ok(v) = std::env::var(var) {
+            candidates.push(Path::new(&v).join("include"));
+        }
+    }
+    candidates.push(PathBuf::from("/usr/local/cuda/include"));
+    candidates
+        .into_iter()
+        .find(|d| d.join("cuda_fp8.h").is_file())
+        .map(|d| d.canonicalize().unwrap_or(d))
+        .into_iter()
+        .collect()
+}
