@@ -8,6 +8,7 @@
 //! to the largest finite magnitude ("satfinite").
 
 use std::fmt;
+use std::sync::OnceLock;
 
 /// How a format spells NaN, which decides what a NaN input encodes to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,17 +141,22 @@ impl ElemFormat {
         decode(self.spec(), code)
     }
 
-    /// All codes decoded, for table lookups in hot loops.
-    pub fn decode_table(self) -> [f32; 256] {
-        let mut t = [0.0f32; 256];
-        for (c, v) in t.iter_mut().enumerate() {
-            *v = if (c as u32) < (1 << self.bits()) {
-                self.decode(c as u8)
-            } else {
-                f32::NAN
-            };
-        }
-        t
+    /// All codes decoded, for table lookups in hot loops; built once per
+    /// format and process.
+    pub fn decode_table(self) -> &'static [f32; 256] {
+        static TABLES: [OnceLock<[f32; 256]>; ElemFormat::ALL.len()] =
+            [const { OnceLock::new() }; ElemFormat::ALL.len()];
+        TABLES[self as usize].get_or_init(|| {
+            let mut t = [0.0f32; 256];
+            for (c, v) in t.iter_mut().enumerate() {
+                *v = if (c as u32) < (1 << self.bits()) {
+                    self.decode(c as u8)
+                } else {
+                    f32::NAN
+                };
+            }
+            t
+        })
     }
 }
 
