@@ -244,20 +244,26 @@ __device__ __forceinline__ void philox4x32_10(u32 c[4], u32 k0, u32 k1) {
 // ---------------------------------------------------------------------------
 // Hadamard-16 (quant/hadamard.rs): butterfly stages h = 1, 2, 4, 8, then * 0.25.
 
-__device__ __forceinline__ void hadamard16(float* g) {
+// One butterfly stage: pairs (j, j + h) with bit h of j clear become
+// (a + b, a - b). The pairs of a stage are disjoint, so visiting them in j
+// order gives the same bits as the CPU's (group, offset) order.
+__device__ __forceinline__ void butterfly_stage(float* g, int h) {
 #pragma unroll
-    for (int h = 1; h < 16; h *= 2) {
-#pragma unroll
-        for (int i = 0; i < 16; i += 2 * h) {
-#pragma unroll
-            for (int j = i; j < i + h; ++j) {
-                const float a = g[j];
-                const float b = g[j + h];
-                g[j] = a + b;
-                g[j + h] = a - b;
-            }
+    for (int j = 0; j < 16; ++j) {
+        if ((j & h) == 0) {
+            const float a = g[j];
+            const float b = g[j + h];
+            g[j] = a + b;
+            g[j + h] = a - b;
         }
     }
+}
+
+__device__ __forceinline__ void hadamard16(float* g) {
+    butterfly_stage(g, 1);
+    butterfly_stage(g, 2);
+    butterfly_stage(g, 4);
+    butterfly_stage(g, 8);
 #pragma unroll
     for (int i = 0; i < 16; ++i) g[i] *= 0.25f;
 }

@@ -16,8 +16,14 @@
 #define FP8_SCALE_INV 8
 // Threads per CTA of the amax reduction (a power of two).
 #define AMAX_THREADS 256
-// Elements per thread of the cast: one float4 load and one u32 store.
+// Elements per thread of the cast: one 16-byte load and one u32 store.
 #define CAST_VEC 4
+
+// Four floats loaded as one 16-byte access (own type: NVRTC and hiprtc need
+// no vector_types header for it).
+struct alignas(16) F32x4 {
+    float v[4];
+};
 
 // Block-wide max of |x| bits through shared memory, then one atomicMax per CTA.
 // The integer max of the absolute-value bits is NaN-aware: NaN > Inf > finite.
@@ -64,9 +70,9 @@ __device__ __forceinline__ void fp8_cast(const float* x, const u32* state, u8* c
     const u64 i0 = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * CAST_VEC;
     if (i0 >= n) return;
     if (i0 + CAST_VEC <= n) {
-        const float4 v = *(const float4*)(x + i0);
-        *(u32*)(codes + i0) = encode_rne<F>(v.x * s) | (encode_rne<F>(v.y * s) << 8) |
-                              (encode_rne<F>(v.z * s) << 16) | (encode_rne<F>(v.w * s) << 24);
+        const F32x4 v = *(const F32x4*)(x + i0);
+        *(u32*)(codes + i0) = encode_rne<F>(v.v[0] * s) | (encode_rne<F>(v.v[1] * s) << 8) |
+                              (encode_rne<F>(v.v[2] * s) << 16) | (encode_rne<F>(v.v[3] * s) << 24);
     } else {
         for (u64 i = i0; i < n; ++i) codes[i] = (u8)encode_rne<F>(x[i] * s);
     }
