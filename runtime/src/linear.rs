@@ -6,6 +6,8 @@
 //! `apply(iteration)`, which touches no parameter and no optimizer state.
 //! The master weight stays f32 and is quantized inside every forward.
 
+use std::sync::Arc;
+
 use crate::module::{linear_slots, Init, ParamSlot, Parameters};
 use crate::ops::{apply_custom, CustomOp};
 use crate::plan::{LinearSite, PlanLinear};
@@ -22,8 +24,9 @@ pub struct QuantLinear {
     pub out_features: usize,
     pub has_bias: bool,
     recipe: Recipe,
-    /// Plan path, e.g. `double_blocks.3.img_qkv`: names errors and labels saved bytes.
-    path: String,
+    /// Plan path, e.g. `double_blocks.3.img_qkv`: names errors and labels
+    /// saved bytes. Shared, so a forward call copies a pointer, not the text.
+    path: Arc<str>,
     /// Position in the plan: keys the stochastic rounding of its gradients.
     index: u64,
     iteration: u64,
@@ -44,7 +47,7 @@ impl QuantLinear {
             out_features,
             has_bias,
             recipe: Recipe::new(RecipeKind::Bf16),
-            path: String::new(),
+            path: Arc::from(""),
             index: 0,
             iteration: 0,
             seed: 0,
@@ -127,8 +130,8 @@ impl PlanLinear for QuantLinear {
     }
 
     fn set_position(&mut self, site: &LinearSite, index: usize, iteration: u64) {
-        if self.path != site.path {
-            self.path.clone_from(&site.path);
+        if *self.path != *site.path {
+            self.path = Arc::from(site.path.as_str());
         }
         self.index = index as u64;
         self.iteration = iteration;
@@ -141,7 +144,7 @@ struct LinearOp {
     shape: LinearShape,
     out_dims: Vec<usize>,
     act_dtype: DType,
-    path: String,
+    path: Arc<str>,
     iteration: u64,
     seed: u64,
     index: u64,
@@ -184,7 +187,7 @@ impl CustomOp for LinearOp {
     }
 
     fn label(&self) -> String {
-        self.path.clone()
+        self.path.to_string()
     }
 
     fn forward(
