@@ -2,9 +2,10 @@
 
 /// A device a tensor can be placed on.
 ///
-/// Only [`Device::Cpu`] has a backend in this build; asking for the others
-/// gives [`crate::Error::DeviceUnavailable`] rather than a panic, so a
-/// `--device cuda` run fails with one clear line (DESIGN.md, "Backends").
+/// [`Device::Cpu`] always has a backend; [`Device::Cuda`] has one when the
+/// `cuda` feature is on and the GPU can be opened. Asking for a device
+/// without one gives an error (never a panic), so a `--device cuda` run fails
+/// with one clear line (DESIGN.md, "Backends").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Device {
     #[default]
@@ -18,7 +19,12 @@ pub enum Device {
 impl Device {
     /// Whether this build can run tensors on the device.
     pub fn is_available(&self) -> bool {
-        matches!(self, Device::Cpu)
+        match self {
+            Device::Cpu => true,
+            #[cfg(feature = "cuda")]
+            Device::Cuda(i) => crate::cuda::CudaDevice::get(*i).is_ok(),
+            _ => false,
+        }
     }
 }
 

@@ -24,6 +24,10 @@ pub enum Error {
     /// Autograd misuse: backward of a tensor without a tape, a gradient of the wrong shape.
     #[error("autograd: {0}")]
     Autograd(String),
+    /// A device backend failed (a GPU that could not be opened, a driver,
+    /// compiler or library error); the message is one line.
+    #[error("{0}")]
+    Backend(String),
     /// A combination that is valid but not implemented.
     #[error("not implemented: {0}")]
     NotImplemented(String),

@@ -7,12 +7,16 @@
 
 use crate::backend::{BackendDevice, BackendStorage};
 use crate::cpu::{CpuDevice, CpuStorage};
+#[cfg(feature = "cuda")]
+use crate::cuda::{CudaDevice, CudaStorage};
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
 use crate::{DType, Device, Error, Layout, Result, Shape};
 
 /// A tensor's buffer on its device.
 pub enum Storage {
     Cpu(CpuStorage),
+    #[cfg(feature = "cuda")]
+    Cuda(CudaStorage),
 }
 
 impl Storage {
@@ -20,32 +24,42 @@ impl Storage {
     pub(crate) fn from_cpu(data: CpuStorage, device: &Device) -> Result<Storage> {
         match device {
             Device::Cpu => Ok(Storage::Cpu(CpuDevice.storage_from_cpu(data)?)),
-            Device::Cuda(_) | Device::Rocm(_) => Err(unavailable(device)),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(i) => Ok(Storage::Cuda(CudaDevice::get(*i)?.storage_from_cpu(data)?)),
+            _ => Err(unavailable(device)),
         }
     }
 
     pub(crate) fn zeros(shape: &Shape, dtype: DType, device: &Device) -> Result<Storage> {
         match device {
             Device::Cpu => Ok(Storage::Cpu(CpuDevice.zeros(shape, dtype)?)),
-            Device::Cuda(_) | Device::Rocm(_) => Err(unavailable(device)),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(i) => Ok(Storage::Cuda(CudaDevice::get(*i)?.zeros(shape, dtype)?)),
+            _ => Err(unavailable(device)),
         }
     }
 
     pub fn device(&self) -> Device {
         match self {
             Storage::Cpu(s) => s.device().location(),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => s.device().location(),
         }
     }
 
     pub fn dtype(&self) -> DType {
         match self {
             Storage::Cpu(s) => s.dtype(),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => s.dtype(),
         }
     }
 
     pub(crate) fn buffer_bytes(&self) -> usize {
         match self {
             Storage::Cpu(s) => s.buffer_bytes(),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => s.buffer_bytes(),
         }
     }
 
@@ -53,6 +67,8 @@ impl Storage {
     pub(crate) fn into_cpu_storage(self) -> Result<CpuStorage> {
         match self {
             Storage::Cpu(s) => Ok(s),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => s.to_cpu_storage(),
         }
     }
 
@@ -71,24 +87,32 @@ impl Storage {
     pub(crate) fn copy_strided(&self, layout: &Layout) -> Result<Storage> {
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(s.copy_strided(layout)?)),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => Ok(Storage::Cuda(s.copy_strided(layout)?)),
         }
     }
 
     pub(crate) fn to_dtype(&self, layout: &Layout, dtype: DType) -> Result<Storage> {
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(s.to_dtype(layout, dtype)?)),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => Ok(Storage::Cuda(s.to_dtype(layout, dtype)?)),
         }
     }
 
     pub(crate) fn unary(&self, layout: &Layout, op: UnaryOp) -> Result<Storage> {
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(s.unary(layout, op)?)),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => Ok(Storage::Cuda(s.unary(layout, op)?)),
         }
     }
 
     pub(crate) fn affine(&self, layout: &Layout, mul: f32, add: f32) -> Result<Storage> {
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(s.affine(layout, mul, add)?)),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => Ok(Storage::Cuda(s.affine(layout, mul, add)?)),
         }
     }
 
@@ -104,12 +128,20 @@ impl Storage {
             (Storage::Cpu(a), Storage::Cpu(b)) => {
                 Ok(Storage::Cpu(a.binary(layout, b, rhs_layout, op)?))
             }
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(a), Storage::Cuda(b)) => {
+                Ok(Storage::Cuda(a.binary(layout, b, rhs_layout, op)?))
+            }
+            #[cfg(feature = "cuda")]
+            (a, b) => Err(mixed(op.name(), a, b)),
         }
     }
 
     pub(crate) fn reduce(&self, layout: &Layout, op: ReduceOp, axis: usize) -> Result<Storage> {
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(s.reduce(layout, op, axis)?)),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => Ok(Storage::Cuda(s.reduce(layout, op, axis)?)),
         }
     }
 
@@ -124,6 +156,12 @@ impl Storage {
             (Storage::Cpu(a), Storage::Cpu(b)) => {
                 Ok(Storage::Cpu(a.matmul(layout, b, rhs_layout)?))
             }
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(a), Storage::Cuda(b)) => {
+                Ok(Storage::Cuda(a.matmul(layout, b, rhs_layout)?))
+            }
+            #[cfg(feature = "cuda")]
+            (a, b) => Err(mixed("matmul", a, b)),
         }
     }
 
@@ -134,13 +172,26 @@ impl Storage {
         }
         match first {
             Storage::Cpu(_) => {
-                let cpu: Vec<(&CpuStorage, &Layout)> = parts
+                let cpu = parts
                     .iter()
                     .map(|&(s, l)| match s {
-                        Storage::Cpu(c) => (c, l),
+                        Storage::Cpu(c) => Ok((c, l)),
+                        #[cfg(feature = "cuda")]
+                        other => Err(mixed("concat", first, other)),
                     })
-                    .collect();
+                    .collect::<Result<Vec<(&CpuStorage, &Layout)>>>()?;
                 Ok(Storage::Cpu(CpuStorage::concat(&cpu, axis)?))
+            }
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(_) => {
+                let gpu = parts
+                    .iter()
+                    .map(|&(s, l)| match s {
+                        Storage::Cuda(c) => Ok((c, l)),
+                        other => Err(mixed("concat", first, other)),
+                    })
+                    .collect::<Result<Vec<(&CudaStorage, &Layout)>>>()?;
+                Ok(Storage::Cuda(CudaStorage::concat(&gpu, axis)?))
             }
         }
     }
@@ -148,6 +199,8 @@ impl Storage {
     pub(crate) fn softmax_last_dim(&self, layout: &Layout) -> Result<Storage> {
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(s.softmax_last_dim(layout)?)),
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => Ok(Storage::Cuda(s.softmax_last_dim(layout)?)),
         }
     }
 
@@ -161,6 +214,11 @@ impl Storage {
             Storage::Cpu(s) => {
                 let (y, rstd) = s.norm_last_dim(layout, eps, rms)?;
                 Ok((Storage::Cpu(y), Storage::Cpu(rstd)))
+            }
+            #[cfg(feature = "cuda")]
+            Storage::Cuda(s) => {
+                let (y, rstd) = s.norm_last_dim(layout, eps, rms)?;
+                Ok((Storage::Cuda(y), Storage::Cuda(rstd)))
             }
         }
     }
@@ -177,6 +235,16 @@ impl Storage {
             (Storage::Cpu(x), Storage::Cpu(c), Storage::Cpu(s)) => Ok(Storage::Cpu(
                 x.rope_interleaved(layout, c, cos.1, s, sin.1)?,
             )),
+            #[cfg(feature = "cuda")]
+            (Storage::Cuda(x), Storage::Cuda(c), Storage::Cuda(s)) => Ok(Storage::Cuda(
+                x.rope_interleaved(layout, c, cos.1, s, sin.1)?,
+            )),
+            #[cfg(feature = "cuda")]
+            (x, c, s) => Err(if x.device() != c.device() {
+                mixed("rope_interleaved", x, c)
+            } else {
+                mixed("rope_interleaved", x, s)
+            }),
         }
     }
 }
@@ -185,4 +253,14 @@ fn unavailable(device: &Device) -> Error {
     Error::DeviceUnavailable {
         device: device.to_string(),
     }
+}
+
+/// Operands on different devices: move one with `to_device` first.
+#[cfg(feature = "cuda")]
+fn mixed(op: &str, a: &Storage, b: &Storage) -> Error {
+    Error::InvalidOption(format!(
+        "{op}: operands are on different devices ({} and {}); move one with to_device",
+        a.device(),
+        b.device()
+    ))
 }

@@ -262,7 +262,7 @@ impl Tensor {
         ))
     }
 
-    /// This tensor on `device`; only the CPU exists in this build.
+    /// This tensor on `device` (a copy through host memory when it moves).
     pub fn to_device(&self, device: &Device) -> Result<Tensor> {
         if *device == self.device() {
             return Ok(self.clone());

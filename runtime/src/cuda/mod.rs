@@ -20,17 +20,22 @@
 //!   compile cache.
 //! - [`quantize`]: MX quantize / dequantize and FP8 tensorwise launches.
 //! - [`gemm`]: cuBLASLt matmuls with per-tensor FP8 scale pointers.
+//! - [`storage`]: the tensor backend ([`CudaStorage`], [`CudaDevice`]).
+//! - [`linear`]: the recipe linears (SPEC section 4) on device buffers.
 
 pub mod alloc;
 pub mod context;
 pub mod gemm;
+pub mod linear;
 pub mod nvrtc;
 pub mod quantize;
+pub mod storage;
 
 pub use alloc::{DevBuf, PoolStats};
 pub use context::{CudaContext, DeviceInfo, GpuTimer};
 pub use gemm::{GemmDType, GemmOperand};
 pub use quantize::{DequantLayout, Fp8Device, MxDevice};
+pub use storage::{CudaDevice, CudaStorage};
 
 /// Failures of the CUDA backend. Every message is one line.
 #[derive(Debug, thiserror::Error)]

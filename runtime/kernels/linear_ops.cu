@@ -1,0 +1,142 @@
+// Helpers of the GPU recipe linears (runtime/src/cuda/linear.rs; CPU
+// reference: runtime/src/recipe/linear.rs):
+//   lin_copy2d     zero-padded copy of a row-major matrix, optionally
+//                  transposed, converting the element type on the way
+//                  (f32 / BF16 / raw bytes in, FP8 codes decoded exactly);
+//                  used to put an operand's reduction axis last, to pad GEMM
+//                  operands to multiples of 16 and to cast to BF16
+//   lin_epilogue   crop of a padded f32 GEMM result, times an optional pair
+//                  of per-tensor scales, plus an optional f32 bias, written
+//                  as f32 or BF16
+//   lin_colsum_*   db = column sums of dy in f32 (two passes over row chunks)
+//
+// Every conversion is exact except the BF16 casts (round to nearest even,
+// as formats.rs bf16::from_f32), so transposing before quantizing gives the
+// quantizer the very rows the CPU's quantize_mx(.., axis 0, ..) sees.
+
+// Element kinds of lin_copy2d's input (IN_*) and output (OUT_*).
+#define IN_F32 0
+#define IN_BF16 1
+#define IN_U8 2
+#define IN_E4M3FN 3
+#define IN_E5M2 4
+#define IN_E4M3FNUZ 5
+#define IN_E5M2FNUZ 6
+#define OUT_F32 0
+#define OUT_BF16 1
+#define OUT_U8 2
+
+// Side of the square tile of the transposing copy; TILE_ROWS rows of threads.
+#define TILE 32
+#define TILE_ROWS 8
+
+__device__ __forceinline__ float bf16_to_f32(u16 h) { return u2f((u32)h << 16); }
+
+// Element i of the input as f32 (a raw byte as its integer value, exact).
+__device__ __forceinline__ float load_elem(const void* in, u64 i, int kind) {
+    switch (kind) {
+        case IN_F32:
+            return ((const float*)in)[i];
+        case IN_BF16:
+            return bf16_to_f32(((const u16*)in)[i]);
+        case IN_U8:
+            return (float)((const u8*)in)[i];
+        case IN_E4M3FN:
+            return decode<E4M3FN>(((const u8*)in)[i]);
+        case IN_E5M2:
+            return decode<E5M2>(((const u8*)in)[i]);
+        case IN_E4M3FNUZ:
+            return decode<E4M3FNUZ>(((const u8*)in)[i]);
+        default:
+            return decode<E5M2FNUZ>(((const u8*)in)[i]);
+    }
+}
+
+__device__ __forceinline__ void store_elem(void* out, u64 i, float v, int kind) {
+    switch (kind) {
+        case OUT_F32:
+            ((float*)out)[i] = v;
+            break;
+        case OUT_BF16:
+            ((u16*)out)[i] = bf16_from_f32(v);
+            break;
+        default:
+            ((u8*)out)[i] = (u8)v;
+            break;
+    }
+}
+
+// out [out_rows, out_cols] from in [rows, cols]:
+//   transpose = 0: out[r][c] = in[r][c]  for r < rows, c < cols, else 0;
+//   transpose = 1: out[r][c] = in[c][r]  for r < cols, c < rows, else 0.
+// Grid (ceil(out_cols / 32), ceil(out_rows / 32)), block (32, 8).
+extern "C" __global__ void __launch_bounds__(TILE* TILE_ROWS)
+    lin_copy2d(const void* in, void* out, u32 rows, u32 cols, u32 out_rows, u32 out_cols, int transpose,
+               int in_kind, int out_kind) {
+    __shared__ float tile[TILE][TILE + 1];
+    const u32 r0 = blockIdx.y * TILE;
+    const u32 c0 = blockIdx.x * TILE;
+    const u32 tx = threadIdx.x;
+    if (!transpose) {
+        for (u32 dy = threadIdx.y; dy < TILE; dy += TILE_ROWS) {
+            const u32 r = r0 + dy, c = c0 + tx;
+            if (r >= out_rows || c >= out_cols) continue;
+            const float v = (r < rows && c < cols) ? load_elem(in, (u64)r * cols + c, in_kind) : 0.0f;
+            store_elem(out, (u64)r * out_cols + c, v, out_kind);
+        }
+        return;
+    }
+    // Input rows c0 .. c0 + 32 (output columns), input columns r0 .. r0 + 32
+    // (output rows): read along the input's rows, write along the output's.
+    for (u32 dy = threadIdx.y; dy < TILE; dy += TILE_ROWS) {
+        const u32 ir = c0 + dy, ic = r0 + tx;
+        tile[dy][tx] = (ir < rows && ic < cols) ? load_elem(in, (u64)ir * cols + ic, in_kind) : 0.0f;
+    }
+    __syncthreads();
+    for (u32 dy = threadIdx.y; dy < TILE; dy += TILE_ROWS) {
+        const u32 r = r0 + dy, c = c0 + tx;
+        if (r >= out_rows || c >= out_cols) continue;
+        store_elem(out, (u64)r * out_cols + c, tile[tx][dy], out_kind);
+    }
+}
+
+// out[r][c] = acc[r * ld + c] * (scale_a * scale_b) + bias[c] for r < rows,
+// c < cols, in the CPU's order (the GEMM's alpha first, then the bias); the
+// scale pointers and the bias may be null.
+extern "C" __global__ void lin_epilogue(const float* acc, u32 ld, const float* scale_a, const float* scale_b,
+                                        const float* bias, float* out_f32, u16* out_bf16, u32 rows, u32 cols) {
+    const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (u64)rows * cols) return;
+    const u64 r = i / cols;
+    const u32 c = (u32)(i - r * cols);
+    float v = acc[r * ld + c];
+    if (scale_a) v = v * (scale_a[0] * scale_b[0]);
+    if (bias) v = v + bias[c];
+    if (out_bf16) {
+        out_bf16[i] = bf16_from_f32(v);
+    } else {
+        out_f32[i] = v;
+    }
+}
+
+// Pass 1 of the column sums: partial[chunk][c] = sum of rows
+// chunk * chunk_rows .. of column c, in row order. Grid (ceil(cols / 256), chunks).
+extern "C" __global__ void lin_colsum_partial(const void* x, int in_kind, float* partial, u32 rows, u32 cols,
+                                              u32 chunk_rows) {
+    const u32 c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    const u32 r0 = blockIdx.y * chunk_rows;
+    const u32 r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
+    float s = 0.0f;
+    for (u32 r = r0; r < r1; ++r) s += load_elem(x, (u64)r * cols + c, in_kind);
+    partial[(u64)blockIdx.y * cols + c] = s;
+}
+
+// Pass 2: out[c] = sum over chunks of partial[chunk][c], in chunk order.
+extern "C" __global__ void lin_colsum_final(const float* partial, float* out, u32 chunks, u32 cols) {
+    const u32 c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    float s = 0.0f;
+    for (u32 k = 0; k < chunks; ++k) s += partial[(u64)k * cols + c];
+    out[c] = s;
+}

@@ -1,0 +1,151 @@
+// Element-wise tensor ops of the CUDA backend (runtime/src/cuda/storage.rs):
+// strided gather / placement (copy_strided, concat), dtype casts, unary,
+// affine and binary maps. CPU references: runtime/src/cpu/mod.rs,
+// runtime/src/cpu/strided.rs and the scalar formulas of runtime/src/op.rs.
+//
+// Floats compute in f32; BF16 is widened exactly and rounded back RNE with
+// bf16_from_f32 (common.cuh), as the CPU does. The host compiles with
+// --fmad=false, --prec-div=true and --prec-sqrt=true, so +, -, *, / and sqrt
+// give the CPU's bits; expf, logf and tanhf are within 2 ulp of libm.
+// Plain C++ in the common subset of CUDA and HIP (no warp intrinsics).
+
+// Most dims of a strided view after coalescing (OPS_MAX_RANK in storage.rs).
+#define OPS_MAX_RANK 6
+#define OPS_THREADS 256
+
+// A strided view: element i (row-major over dims) sits at
+// offset + sum_d idx_d * strides[d]. Same layout as `Strided` in storage.rs.
+struct Strided {
+    u64 dims[OPS_MAX_RANK];
+    u64 strides[OPS_MAX_RANK];
+    u64 offset;
+    u64 rank;
+};
+
+__device__ __forceinline__ u64 strided_at(const Strided& s, u64 i) {
+    u64 pos = s.offset;
+    for (int d = (int)s.rank - 1; d >= 0; --d) {
+        const u64 dim = s.dims[d];
+        pos += (i % dim) * s.strides[d];
+        i /= dim;
+    }
+    return pos;
+}
+
+__device__ __forceinline__ float ld(const float* p, u64 i) { return p[i]; }
+__device__ __forceinline__ float ld(const u16* p, u64 i) { return u2f(((u32)p[i]) << 16); }
+__device__ __forceinline__ void st(float* p, u64 i, float v) { p[i] = v; }
+__device__ __forceinline__ void st(u16* p, u64 i, float v) { p[i] = bf16_from_f32(v); }
+
+#define GRID_STRIDE(i, n) for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (u64)gridDim.x * blockDim.x)
+
+// ---------------------------------------------------------------------------
+// Placement: packed element e of the view `s` goes to
+// dst[(e / block) * row + at + e % block]. A plain gather is block = row = n,
+// at = 0; concatenation places each part's blocks side by side in a row.
+
+template <class T>
+__device__ __forceinline__ void place(const T* src, T* dst, const Strided& s, u64 n, u64 block, u64 row, u64 at) {
+    GRID_STRIDE(e, n) {
+        dst[(e / block) * row + at + e % block] = src[strided_at(s, e)];
+    }
+}
+
+extern "C" __global__ void ops_place_b4(const u32* src, u32* dst, Strided s, u64 n, u64 block, u64 row, u64 at) {
+    place(src, dst, s, n, block, row, at);
+}
+extern "C" __global__ void ops_place_b2(const u16* src, u16* dst, Strided s, u64 n, u64 block, u64 row, u64 at) {
+    place(src, dst, s, n, block, row, at);
+}
+extern "C" __global__ void ops_place_b1(const u8* src, u8* dst, Strided s, u64 n, u64 block, u64 row, u64 at) {
+    place(src, dst, s, n, block, row, at);
+}
+
+// ---------------------------------------------------------------------------
+// Casts (cpu/mod.rs f32_to_bf16 / bf16_to_f32).
+
+extern "C" __global__ void ops_cast_f32_bf16(const float* src, u16* dst, Strided s, u64 n) {
+    GRID_STRIDE(i, n) { dst[i] = bf16_from_f32(src[strided_at(s, i)]); }
+}
+extern "C" __global__ void ops_cast_bf16_f32(const u16* src, float* dst, Strided s, u64 n) {
+    GRID_STRIDE(i, n) { dst[i] = ld(src, strided_at(s, i)); }
+}
+
+// ---------------------------------------------------------------------------
+// Unary ops: UnaryOp::f32 in op.rs, operation for operation (f32 literals
+// only, so nothing is promoted to double).
+
+#define SQRT_2_OVER_PI 0.7978846f
+#define GELU_CUBIC 0.044715f
+
+// op.rs gelu_gate: sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3).
+__device__ __forceinline__ float gelu_gate(float x) {
+    const float u = SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x);
+    return 1.0f / (1.0f + expf(-2.0f * u));
+}
+
+// Order of UnaryOp (unary_code in storage.rs).
+__device__ __forceinline__ float unary_f(int op, float x) {
+    switch (op) {
+    case 0: return expf(x);
+    case 1: return logf(x);
+    case 2: return sqrtf(x);
+    case 3: return 1.0f / sqrtf(x);
+    case 4: return x * x;
+    case 5: return tanhf(x);
+    case 6: return x / (1.0f + expf(-x));
+    case 7: return x * gelu_gate(x);
+    case 8: {
+        const float s = 1.0f / (1.0f + expf(-x));
+        return s * (1.0f + x * (1.0f - s));
+    }
+    default: {
+        const float s = gelu_gate(x);
+        const float dinner = SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_CUBIC * x * x);
+        return s + x * 2.0f * s * (1.0f - s) * dinner;
+    }
+    }
+}
+
+template <class T>
+__device__ __forceinline__ void unary(const T* x, T* y, const Strided& s, u64 n, int op) {
+    GRID_STRIDE(i, n) { st(y, i, unary_f(op, ld(x, strided_at(s, i)))); }
+}
+extern "C" __global__ void ops_unary_f32(const float* x, float* y, Strided s, u64 n, int op) { unary(x, y, s, n, op); }
+extern "C" __global__ void ops_unary_bf16(const u16* x, u16* y, Strided s, u64 n, int op) { unary(x, y, s, n, op); }
+
+// x * mul + add, two roundings (no FMA).
+template <class T>
+__device__ __forceinline__ void affine(const T* x, T* y, const Strided& s, u64 n, float mul, float add) {
+    GRID_STRIDE(i, n) { st(y, i, ld(x, strided_at(s, i)) * mul + add); }
+}
+extern "C" __global__ void ops_affine_f32(const float* x, float* y, Strided s, u64 n, float mul, float add) {
+    affine(x, y, s, n, mul, add);
+}
+extern "C" __global__ void ops_affine_bf16(const u16* x, u16* y, Strided s, u64 n, float mul, float add) {
+    affine(x, y, s, n, mul, add);
+}
+
+// ---------------------------------------------------------------------------
+// Binary ops (BinaryOp::f32): two views of one shape, stride 0 where broadcast.
+
+__device__ __forceinline__ float binary_f(int op, float a, float b) {
+    switch (op) {
+    case 0: return a + b;
+    case 1: return a - b;
+    case 2: return a * b;
+    case 3: return a / b;
+    default: return a == b ? 1.0f : 0.0f;
+    }
+}
+
+template <class T>
+__device__ __forceinline__ void binary(const T* a, const T* b, T* y, const Strided& sa, const Strided& sb, u64 n, int op) {
+    GRID_STRIDE(i, n) { st(y, i, binary_f(op, ld(a, strided_at(sa, i)), ld(b, strided_at(sb, i)))); }
+}
+extern "C" __global__ void ops_binary_f32(const float* a, const float* b, float* y, Strided sa, Strided sb, u64 n, int op) {
+    binary(a, b, y, sa, sb, n, op);
+}
+extern "C" __global__ void ops_binary_bf16(const u16* a, const u16* b, u16* y, Strided sa, Strided sb, u64 n, int op) {
+    binary(a, b, y, sa, sb, n, op);
+}

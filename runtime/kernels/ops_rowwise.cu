@@ -1,0 +1,198 @@
+// Row-wise tensor ops of the CUDA backend: reductions over one axis, softmax,
+// layer / RMS norm and interleaved RoPE over the last axis, and a tiled
+// batched matmul. CPU references: runtime/src/cpu/reduce.rs, rowwise.rs and
+// matmul.rs. Compiled in one module after ops_elementwise.cu (Strided, ld,
+// st, GRID_STRIDE, OPS_THREADS come from there). Inputs are packed.
+//
+// Statistics of softmax and the norms accumulate in double, like the CPU, so
+// they agree with it up to the order of f64 additions.
+
+// NaN-propagating max (reduce.rs max_nan).
+__device__ __forceinline__ float max_nan(float m, float v) { return (v > m || v != v) ? v : m; }
+
+// Block-wide tree reduction of `v` over OPS_THREADS threads; every thread gets the result.
+template <class A, class F>
+__device__ __forceinline__ A block_reduce(A* red, A v, F f) {
+    red[threadIdx.x] = v;
+    __syncthreads();
+    for (u32 s = OPS_THREADS / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) red[threadIdx.x] = f(red[threadIdx.x], red[threadIdx.x + s]);
+        __syncthreads();
+    }
+    const A r = red[0];
+    __syncthreads();
+    return r;
+}
+
+struct AddF { __device__ float operator()(float a, float b) const { return a + b; } };
+struct AddD { __device__ double operator()(double a, double b) const { return a + b; } };
+struct MaxNan { __device__ float operator()(float a, float b) const { return max_nan(a, b); } };
+struct MaxF { __device__ float operator()(float a, float b) const { return fmaxf(a, b); } };
+
+// ---------------------------------------------------------------------------
+// Reductions of x viewed as [outer, n, inner] into [outer, inner]; op 0 = sum,
+// 1 = max. inner == 1: one CTA per row; otherwise one thread per output.
+
+template <class T>
+__device__ __forceinline__ void reduce_rows(const T* x, T* y, u64 rows, u64 n, int op) {
+    __shared__ float red[OPS_THREADS];
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        float acc = op == 0 ? 0.0f : u2f(0xFF800000u);
+        for (u64 j = threadIdx.x; j < n; j += OPS_THREADS) {
+            const float v = ld(x, r * n + j);
+            acc = op == 0 ? acc + v : max_nan(acc, v);
+        }
+        acc = op == 0 ? block_reduce(red, acc, AddF()) : block_reduce(red, acc, MaxNan());
+        if (threadIdx.x == 0) st(y, r, acc);
+    }
+}
+extern "C" __global__ void __launch_bounds__(OPS_THREADS) ops_reduce_rows_f32(const float* x, float* y, u64 rows, u64 n, int op) {
+    reduce_rows(x, y, rows, n, op);
+}
+extern "C" __global__ void __launch_bounds__(OPS_THREADS) ops_reduce_rows_bf16(const u16* x, u16* y, u64 rows, u64 n, int op) {
+    reduce_rows(x, y, rows, n, op);
+}
+
+template <class T>
+__device__ __forceinline__ void reduce_cols(const T* x, T* y, u64 outer, u64 n, u64 inner, int op) {
+    GRID_STRIDE(o, outer * inner) {
+        const u64 b = o / inner, c = o % inner;
+        const T* p = x + b * n * inner + c;
+        float acc = op == 0 ? 0.0f : u2f(0xFF800000u);
+        for (u64 j = 0; j < n; ++j) {
+            const float v = ld(p, j * inner);
+            acc = op == 0 ? acc + v : max_nan(acc, v);
+        }
+        st(y, o, acc);
+    }
+}
+extern "C" __global__ void ops_reduce_cols_f32(const float* x, float* y, u64 outer, u64 n, u64 inner, int op) {
+    reduce_cols(x, y, outer, n, inner, op);
+}
+extern "C" __global__ void ops_reduce_cols_bf16(const u16* x, u16* y, u64 outer, u64 n, u64 inner, int op) {
+    reduce_cols(x, y, outer, n, inner, op);
+}
+
+// ---------------------------------------------------------------------------
+// Softmax of each row of length d (rowwise.rs softmax): max, f64 sum of
+// exp(v - max), then exp(v - max) * fl32(1 / sum).
+
+template <class T>
+__device__ __forceinline__ void softmax(const T* x, T* y, u64 rows, u64 d) {
+    __shared__ float redf[OPS_THREADS];
+    __shared__ double redd[OPS_THREADS];
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const u64 base = r * d;
+        float m = u2f(0xFF800000u);
+        for (u64 j = threadIdx.x; j < d; j += OPS_THREADS) m = fmaxf(m, ld(x, base + j));
+        m = block_reduce(redf, m, MaxF());
+        double sum = 0.0;
+        for (u64 j = threadIdx.x; j < d; j += OPS_THREADS) sum += (double)expf(ld(x, base + j) - m);
+        sum = block_reduce(redd, sum, AddD());
+        const float inv = (float)(1.0 / sum);
+        for (u64 j = threadIdx.x; j < d; j += OPS_THREADS) st(y, base + j, expf(ld(x, base + j) - m) * inv);
+    }
+}
+extern "C" __global__ void __launch_bounds__(OPS_THREADS) ops_softmax_f32(const float* x, float* y, u64 rows, u64 d) {
+    softmax(x, y, rows, d);
+}
+extern "C" __global__ void __launch_bounds__(OPS_THREADS) ops_softmax_bf16(const u16* x, u16* y, u64 rows, u64 d) {
+    softmax(x, y, rows, d);
+}
+
+// ---------------------------------------------------------------------------
+// Layer / RMS norm of each row (rowwise.rs norm): mean and variance in f64,
+// rstd = fl32(1 / sqrt(var + eps)), y = (v - fl32(mean)) * rstd; rstd per row.
+
+template <class T>
+__device__ __forceinline__ void norm(const T* x, T* y, T* rstd_out, u64 rows, u64 d, float eps, int rms) {
+    __shared__ double redd[OPS_THREADS];
+    const double n = (double)d;
+    for (u64 r = blockIdx.x; r < rows; r += gridDim.x) {
+        const u64 base = r * d;
+        double mean = 0.0;
+        if (!rms) {
+            double s = 0.0;
+            for (u64 j = threadIdx.x; j < d; j += OPS_THREADS) s += (double)ld(x, base + j);
+            mean = block_reduce(redd, s, AddD()) / n;
+        }
+        double q = 0.0;
+        for (u64 j = threadIdx.x; j < d; j += OPS_THREADS) {
+            const double t = (double)ld(x, base + j) - mean;
+            q += t * t;
+        }
+        const double var = block_reduce(redd, q, AddD()) / n;
+        const float rstd = (float)(1.0 / sqrt(var + (double)eps));
+        const float meanf = (float)mean;
+        for (u64 j = threadIdx.x; j < d; j += OPS_THREADS) st(y, base + j, (ld(x, base + j) - meanf) * rstd);
+        if (threadIdx.x == 0) st(rstd_out, r, rstd);
+    }
+}
+extern "C" __global__ void __launch_bounds__(OPS_THREADS) ops_norm_f32(const float* x, float* y, float* rstd, u64 rows, u64 d, float eps, int rms) {
+    norm(x, y, rstd, rows, d, eps, rms);
+}
+extern "C" __global__ void __launch_bounds__(OPS_THREADS) ops_norm_bf16(const u16* x, u16* y, u16* rstd, u64 rows, u64 d, float eps, int rms) {
+    norm(x, y, rstd, rows, d, eps, rms);
+}
+
+// ---------------------------------------------------------------------------
+// Interleaved RoPE (rowwise.rs rope_interleaved): pair q of x [rows, 2 half]
+// is pair i = q % half of row r = q / half, at position r % seq of the
+// packed [seq, half] tables.
+
+template <class T>
+__device__ __forceinline__ void rope(const T* x, const T* c, const T* s, T* y, u64 pairs, u64 seq, u64 half) {
+    GRID_STRIDE(q, pairs) {
+        const u64 r = q / half, i = q % half;
+        const u64 t = (r % seq) * half + i;
+        const float v0 = ld(x, 2 * q), v1 = ld(x, 2 * q + 1);
+        const float cv = ld(c, t), sv = ld(s, t);
+        st(y, 2 * q, v0 * cv - v1 * sv);
+        st(y, 2 * q + 1, v0 * sv + v1 * cv);
+    }
+}
+extern "C" __global__ void ops_rope_f32(const float* x, const float* c, const float* s, float* y, u64 pairs, u64 seq, u64 half) {
+    rope(x, c, s, y, pairs, seq, half);
+}
+extern "C" __global__ void ops_rope_bf16(const u16* x, const u16* c, const u16* s, u16* y, u64 pairs, u64 seq, u64 half) {
+    rope(x, c, s, y, pairs, seq, half);
+}
+
+// ---------------------------------------------------------------------------
+// Batched matmul [.., M, K] x [.., K, N] -> packed [.., M, N] with arbitrary
+// strides: 16 x 16 output tiles, f32 accumulation in k order. `ba` / `bb`
+// hold the batch dims and the operands' batch strides (rank 0: no batch).
+
+#define MM_TILE 16
+
+template <class T>
+__device__ __forceinline__ void matmul(const T* a, const T* b, T* y, const Strided& ba, const Strided& bb, u64 batch,
+                                       u64 m, u64 n, u64 k, u64 a_rs, u64 a_cs, u64 b_rs, u64 b_cs) {
+    __shared__ float ta[MM_TILE][MM_TILE + 1];
+    __shared__ float tb[MM_TILE][MM_TILE + 1];
+    const u64 row = (u64)blockIdx.y * MM_TILE + threadIdx.y;
+    const u64 col = (u64)blockIdx.x * MM_TILE + threadIdx.x;
+    for (u64 z = blockIdx.z; z < batch; z += gridDim.z) {
+        const T* ap = a + strided_at(ba, z);
+        const T* bp = b + strided_at(bb, z);
+        float acc = 0.0f;
+        for (u64 k0 = 0; k0 < k; k0 += MM_TILE) {
+            const u64 ka = k0 + threadIdx.x, kb = k0 + threadIdx.y;
+            ta[threadIdx.y][threadIdx.x] = (row < m && ka < k) ? ld(ap, row * a_rs + ka * a_cs) : 0.0f;
+            tb[threadIdx.y][threadIdx.x] = (kb < k && col < n) ? ld(bp, kb * b_rs + col * b_cs) : 0.0f;
+            __syncthreads();
+#pragma unroll
+            for (int t = 0; t < MM_TILE; ++t) acc += ta[threadIdx.y][t] * tb[t][threadIdx.x];
+            __syncthreads();
+        }
+        if (row < m && col < n) st(y, z * m * n + row * n + col, acc);
+    }
+}
+extern "C" __global__ void ops_matmul_f32(const float* a, const float* b, float* y, Strided ba, Strided bb, u64 batch,
+                                          u64 m, u64 n, u64 k, u64 a_rs, u64 a_cs, u64 b_rs, u64 b_cs) {
+    matmul(a, b, y, ba, bb, batch, m, n, k, a_rs, a_cs, b_rs, b_cs);
+}
+extern "C" __global__ void ops_matmul_bf16(const u16* a, const u16* b, u16* y, Strided ba, Strided bb, u64 batch,
+                                           u64 m, u64 n, u64 k, u64 a_rs, u64 a_cs, u64 b_rs, u64 b_cs) {
+    matmul(a, b, y, ba, bb, batch, m, n, k, a_rs, a_cs, b_rs, b_cs);
+}
