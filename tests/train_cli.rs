@@ -69,7 +69,7 @@ fn bad_requests_get_one_line() {
             "--out",
             out,
         ],
-        "CUDA backend is not available",
+        "--device cuda: the CUDA backend is not available in this build",
     );
     fails_with(
         &[

@@ -22,7 +22,7 @@ use mxswitch_runtime::ops::mse_loss;
 use mxswitch_runtime::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use mxswitch_runtime::schedule::{Phase, Schedule, SwitchReport};
 use mxswitch_runtime::warmup::warmup;
-use mxswitch_runtime::{DType, Device, Error, Result};
+use mxswitch_runtime::{DType, Device, Error, Result, Tensor};
 
 pub use checkpoint::{load_checkpoint, save_checkpoint, Checkpoint};
 
@@ -84,25 +84,39 @@ pub fn schedule_of(config: &RunConfig, switch_at: Option<u64>) -> Result<Schedul
     Schedule::new(phases, schedule.layers_per_iter, schedule.order)
 }
 
-/// Check the device before any work: only the CPU backend exists today.
+/// Check the device before any work: one clear line when this build or this
+/// machine cannot run it.
 pub fn check_device(device: Device) -> Result<()> {
     match device {
         Device::Cpu => Ok(()),
-        Device::Cuda(_) => Err(Error::InvalidOption(
-            "--device cuda: the CUDA backend is not available in this build yet; use --device cpu"
-                .into(),
-        )),
         Device::Rocm(_) => Err(Error::InvalidOption(
-            "--device rocm: the ROCm backend is not available in this build yet; use --device cpu"
-                .into(),
+            "--device rocm: the ROCm backend is not available in this build yet; use --device cpu".into(),
         )),
+        Device::Cuda(_) if !cfg!(feature = "cuda") => Err(Error::InvalidOption(
+            "--device cuda: the CUDA backend is not available in this build: rebuild with `--features cuda` or use --device cpu".into(),
+        )),
+        Device::Cuda(_) => Tensor::zeros([1], DType::F32, &device)
+            .map(|_| ())
+            .map_err(|e| Error::InvalidOption(format!("--device cuda: {e}"))),
     }
+}
+
+/// Move every parameter to `device`, keeping its id.
+fn params_to_device(model: &mut Flux, device: &Device) -> Result<()> {
+    let mut result = Ok(());
+    model.visit_params("", &mut |slot| {
+        if let (Some(p), true) = (slot.param.as_mut(), result.is_ok()) {
+            result = p.to_device(device).and_then(|t| p.set(t));
+        }
+    });
+    result
 }
 
 /// Everything a training step needs besides the model and the optimizer.
 struct StepInputs<'a> {
     data: &'a SyntheticData,
     act: DType,
+    device: Device,
 }
 
 /// One optimizer step at `iter`: returns (loss, saved bytes per element).
@@ -112,7 +126,7 @@ fn train_step(
     inp: &StepInputs,
     iter: u64,
 ) -> Result<(f32, f64)> {
-    let batch = inp.data.batch(iter, inp.act)?;
+    let batch = inp.data.batch(iter, inp.act)?.to_device(&inp.device)?;
     // Guidance-distilled configs (Flux.1-dev) get a constant strength of 1.
     let guidance = vec![1.0; batch.timesteps.len()];
     let pred = model.forward(&FluxInput {
@@ -188,6 +202,9 @@ fn train_in_pool(opts: &TrainOptions) -> Result<TrainSummary> {
     model.plan().check_not_empty("Flux")?;
     mxswitch_runtime::plan::check_schedule::<Flux>(&schedule)?;
     allocate(&mut model, opts.seed)?;
+    if opts.device != Device::Cpu {
+        params_to_device(&mut model, &opts.device)?;
+    }
     let mut opt = AdamW::new(AdamWConfig {
         lr: cfg.train.lr,
         beta1: 0.9,
@@ -203,7 +220,11 @@ fn train_in_pool(opts: &TrainOptions) -> Result<TrainSummary> {
     let mut metrics_out = BufWriter::new(metrics_file);
 
     let data = SyntheticData::new(&cfg.model, &cfg.data, opts.seed);
-    let inputs = StepInputs { data: &data, act };
+    let inputs = StepInputs {
+        data: &data,
+        act,
+        device: opts.device,
+    };
     let report = warmup(&mut model, &mut opt, &schedule, start, |m, o| {
         train_step(m, o, &inputs, start).map(|_| ())
     })?;

@@ -34,6 +34,22 @@ pub struct Batch {
     pub patches_hw: (usize, usize),
 }
 
+impl Batch {
+    /// The same batch on another device.
+    pub fn to_device(self, device: &Device) -> Result<Batch> {
+        if *device == Device::Cpu {
+            return Ok(self);
+        }
+        Ok(Batch {
+            img: self.img.to_device(device)?,
+            txt: self.txt.to_device(device)?,
+            y: self.y.to_device(device)?,
+            target: self.target.to_device(device)?,
+            ..self
+        })
+    }
+}
+
 /// The generator: class patterns fixed by the seed, batches by (seed, step).
 pub struct SyntheticData {
     data: DataConfig,

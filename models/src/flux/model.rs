@@ -366,7 +366,7 @@ impl Flux {
     /// Predicted velocity [B, Li, in_channels].
     pub fn forward(&self, inp: &FluxInput) -> Result<Tensor> {
         let act = inp.img.dtype();
-        let device = Device::Cpu;
+        let device = inp.img.device();
         let mut img = self.img_in.forward(inp.img)?;
         let t_emb = Tensor::from_vec(
             timestep_embedding(inp.timesteps, TIME_DIM),
@@ -391,7 +391,7 @@ impl Flux {
         }
         vec = vec.add(&self.vector_in.forward(inp.y)?)?;
         let mut txt = self.txt_in.forward(inp.txt)?;
-        let pe = self.rope(inp.txt.dims()[1], inp.patches_hw)?;
+        let pe = self.rope(inp.txt.dims()[1], inp.patches_hw, &device)?;
         for block in &self.double_blocks {
             (img, txt) = block.forward(&img, &txt, &vec, &pe)?;
         }
@@ -406,7 +406,12 @@ impl Flux {
 
     /// RoPE tables: text tokens at position (0, 0, 0), image patch (r, c) at
     /// (0, r, c); each axis a of width d_a rotates pair j by pos * theta^(-2j/d_a).
-    pub fn rope(&self, txt_tokens: usize, (ph, pw): (usize, usize)) -> Result<Rope> {
+    pub fn rope(
+        &self,
+        txt_tokens: usize,
+        (ph, pw): (usize, usize),
+        device: &Device,
+    ) -> Result<Rope> {
         let cfg = &self.config;
         let half = cfg.head_dim() / 2;
         let l = txt_tokens + ph * pw;
@@ -428,8 +433,8 @@ impl Flux {
             }
         }
         Ok(Rope {
-            cos: Tensor::from_vec(cos, [l, half], &Device::Cpu)?,
-            sin: Tensor::from_vec(sin, [l, half], &Device::Cpu)?,
+            cos: Tensor::from_vec(cos, [l, half], device)?,
+            sin: Tensor::from_vec(sin, [l, half], device)?,
         })
     }
 }
