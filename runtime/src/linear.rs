@@ -150,12 +150,19 @@ struct LinearOp {
     index: u64,
 }
 
-/// What the tape keeps: the recipe's saved tensors, and the master weight
-/// handle for the `bf16` recipe (a shared reference to the parameter, not a copy).
+/// What the tape keeps: the recipe's saved tensors (in host or device
+/// memory), and the master weight handle for the `bf16` recipe (a shared
+/// reference to the parameter, not a copy).
 struct LinearSaved {
-    saved: Saved,
+    saved: SavedOn,
     weight: Option<Tensor>,
     has_bias: bool,
+}
+
+enum SavedOn {
+    Cpu(Saved),
+    #[cfg(feature = "cuda")]
+    Cuda(crate::cuda::linear::SavedDevice),
 }
 
 impl LinearOp {
@@ -177,6 +184,131 @@ impl LinearOp {
             t.to_dtype(self.act_dtype)
         }
     }
+
+    /// dx's shape: the input's.
+    fn x_dims(&self) -> Vec<usize> {
+        let mut d = self.out_dims.clone();
+        *d.last_mut().expect("rank >= 1") = self.shape.k;
+        d
+    }
+
+    fn forward_cpu(&self, inputs: &[Tensor]) -> Result<(Tensor, SavedOn)> {
+        let x = inputs[0].to_vec_f32()?;
+        let w = inputs[1].to_vec_f32()?;
+        let b = inputs.get(2).map(|b| b.to_vec_f32()).transpose()?;
+        let (y, saved) = forward(&self.recipe, &x, &w, b.as_deref(), self.shape, &self.ctx())?;
+        Ok((self.activation(y, &self.out_dims)?, SavedOn::Cpu(saved)))
+    }
+
+    fn backward_cpu(
+        &self,
+        saved: &Saved,
+        weight: Option<&Tensor>,
+        dy: &Tensor,
+        has_bias: bool,
+    ) -> Result<Vec<Option<Tensor>>> {
+        let w = weight
+            .map(|w| w.to_vec_f32())
+            .transpose()?
+            .unwrap_or_default();
+        let g = backward(
+            &self.recipe,
+            saved,
+            &w,
+            &dy.to_vec_f32()?,
+            has_bias,
+            self.shape,
+            &self.ctx(),
+        )?;
+        let cpu = crate::Device::Cpu;
+        let mut out = vec![
+            Some(self.activation(g.dx, &self.x_dims())?),
+            Some(Tensor::from_vec(g.dw, [self.shape.n, self.shape.k], &cpu)?),
+        ];
+        if let Some(db) = g.db {
+            out.push(Some(Tensor::from_vec(db, [self.shape.n], &cpu)?));
+        }
+        Ok(out)
+    }
+
+    /// The same three GEMMs on the GPU that holds the inputs.
+    #[cfg(feature = "cuda")]
+    fn forward_cuda(&self, inputs: &[Tensor]) -> Result<(Tensor, SavedOn)> {
+        use crate::cuda::bridge::{packed, tensor_from_buffer};
+        let x = packed(&inputs[0])?;
+        let w = packed(&inputs[1])?;
+        let b = inputs.get(2).map(packed).transpose()?;
+        let dev = x.device().clone();
+        crate::recipe::linear::count_run(self.recipe.kind);
+        let (y, saved) = crate::cuda::linear::forward(
+            dev.context(),
+            &self.recipe,
+            x.buf(),
+            self.act_dtype,
+            w.buf(),
+            b.as_ref().map(|b| b.buf()),
+            self.shape,
+            &self.ctx(),
+        )
+        .map_err(crate::cuda::storage::backend_err)?;
+        Ok((
+            tensor_from_buffer(&dev, y, self.act_dtype, &self.out_dims)?,
+            SavedOn::Cuda(saved),
+        ))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn backward_cuda(
+        &self,
+        saved: &crate::cuda::linear::SavedDevice,
+        weight: Option<&Tensor>,
+        dy: &Tensor,
+        has_bias: bool,
+    ) -> Result<Vec<Option<Tensor>>> {
+        use crate::cuda::bridge::{packed, tensor_from_buffer};
+        let dy = packed(dy)?;
+        let dev = dy.device().clone();
+        let w = weight.map(packed).transpose()?;
+        // Only the bf16 recipe reads W; the others get an empty buffer they ignore.
+        let empty;
+        let w_buf = match &w {
+            Some(w) => w.buf(),
+            None => {
+                empty = dev
+                    .context()
+                    .alloc(16)
+                    .map_err(crate::cuda::storage::backend_err)?;
+                &empty
+            }
+        };
+        crate::recipe::linear::count_run(self.recipe.kind);
+        let g = crate::cuda::linear::backward(
+            dev.context(),
+            &self.recipe,
+            saved,
+            w_buf,
+            dy.buf(),
+            self.act_dtype,
+            has_bias,
+            self.shape,
+            &self.ctx(),
+        )
+        .map_err(crate::cuda::storage::backend_err)?;
+        let (n, k) = (self.shape.n, self.shape.k);
+        let mut out = vec![
+            Some(tensor_from_buffer(
+                &dev,
+                g.dx,
+                self.act_dtype,
+                &self.x_dims(),
+            )?),
+            Some(tensor_from_buffer(&dev, g.dw, DType::F32, &[n, k])?),
+        ];
+        if let Some(db) = g.db {
+            out.push(Some(tensor_from_buffer(&dev, db, DType::F32, &[n])?));
+        }
+        Ok(out)
+    }
 }
 
 impl CustomOp for LinearOp {
@@ -195,28 +327,41 @@ impl CustomOp for LinearOp {
         inputs: &[Tensor],
         _needs_backward: bool,
     ) -> Result<(Vec<Tensor>, LinearSaved)> {
-        let x = inputs[0].to_vec_f32()?;
-        let w = inputs[1].to_vec_f32()?;
-        let b = inputs.get(2).map(|b| b.to_vec_f32()).transpose()?;
-        let (y, saved) = forward(&self.recipe, &x, &w, b.as_deref(), self.shape, &self.ctx())?;
+        let (y, saved) = match inputs[0].device() {
+            crate::Device::Cpu => self.forward_cpu(inputs)?,
+            #[cfg(feature = "cuda")]
+            crate::Device::Cuda(_) => self.forward_cuda(inputs)?,
+            other => {
+                return Err(Error::DeviceUnavailable {
+                    device: other.to_string(),
+                })
+            }
+        };
         let weight = (self.recipe.kind == RecipeKind::Bf16).then(|| inputs[1].clone());
-        let y = self.activation(y, &self.out_dims)?;
         Ok((
             vec![y],
             LinearSaved {
                 saved,
                 weight,
-                has_bias: b.is_some(),
+                has_bias: inputs.len() > 2,
             },
         ))
     }
 
     fn saved_bytes(&self, saved: &LinearSaved) -> usize {
-        saved.saved.nbytes()
+        match &saved.saved {
+            SavedOn::Cpu(s) => s.nbytes(),
+            #[cfg(feature = "cuda")]
+            SavedOn::Cuda(s) => s.nbytes(),
+        }
     }
 
     fn saved_elements(&self, saved: &LinearSaved) -> usize {
-        saved.saved.elements()
+        match &saved.saved {
+            SavedOn::Cpu(s) => s.elements(),
+            #[cfg(feature = "cuda")]
+            SavedOn::Cuda(s) => s.elements(),
+        }
     }
 
     fn backward(
@@ -224,33 +369,13 @@ impl CustomOp for LinearOp {
         saved: &LinearSaved,
         grads: &[Option<Tensor>],
     ) -> Result<Vec<Option<Tensor>>> {
-        let LinearShape { m, k, n } = self.shape;
         let Some(dy) = &grads[0] else {
             return Ok(vec![None; if saved.has_bias { 3 } else { 2 }]);
         };
-        let w = match &saved.weight {
-            Some(w) => w.to_vec_f32()?,
-            None => Vec::new(),
-        };
-        let g = backward(
-            &self.recipe,
-            &saved.saved,
-            &w,
-            &dy.to_vec_f32()?,
-            saved.has_bias,
-            self.shape,
-            &self.ctx(),
-        )?;
-        let mut x_dims = self.out_dims.clone();
-        *x_dims.last_mut().expect("rank >= 1") = k;
-        debug_assert_eq!(x_dims.iter().product::<usize>(), m * k);
-        let mut out = vec![
-            Some(self.activation(g.dx, &x_dims)?),
-            Some(Tensor::from_vec(g.dw, [n, k], &crate::Device::Cpu)?),
-        ];
-        if let Some(db) = g.db {
-            out.push(Some(Tensor::from_vec(db, [n], &crate::Device::Cpu)?));
+        match &saved.saved {
+            SavedOn::Cpu(s) => self.backward_cpu(s, saved.weight.as_ref(), dy, saved.has_bias),
+            #[cfg(feature = "cuda")]
+            SavedOn::Cuda(s) => self.backward_cuda(s, saved.weight.as_ref(), dy, saved.has_bias),
         }
-        Ok(out)
     }
 }

@@ -24,6 +24,7 @@
 //! - [`linear`]: the recipe linears (SPEC section 4) on device buffers.
 
 pub mod alloc;
+pub(crate) mod bridge;
 pub mod context;
 pub mod gemm;
 pub mod linear;

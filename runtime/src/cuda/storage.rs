@@ -290,6 +290,21 @@ impl CudaStorage {
         self.len == 0
     }
 
+    /// Wrap a packed buffer holding `len` values of `dtype`.
+    pub(crate) fn from_buffer(
+        buf: DevBuf,
+        dtype: DType,
+        len: usize,
+        device: CudaDevice,
+    ) -> CudaStorage {
+        CudaStorage {
+            buf,
+            dtype,
+            len,
+            device,
+        }
+    }
+
     /// The device buffer (for kernels outside this module).
     pub fn buffer(&self) -> &DevBuf {
         &self.buf

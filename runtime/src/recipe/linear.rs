@@ -37,7 +37,8 @@ pub fn kernel_runs(kind: RecipeKind) -> u64 {
     KERNEL_RUNS.with(|k| k[kind as usize].get())
 }
 
-fn count_run(kind: RecipeKind) {
+/// Count one run of `kind`'s linear code (the GPU path counts through this too).
+pub(crate) fn count_run(kind: RecipeKind) {
     KERNEL_RUNS.with(|k| k[kind as usize].set(k[kind as usize].get() + 1));
 }
 
