@@ -65,18 +65,6 @@ fn bad_requests_get_one_line() {
             "--config",
             "flux-tiny",
             "--device",
-            "cuda",
-            "--out",
-            out,
-        ],
-        "--device cuda: the CUDA backend is not available in this build",
-    );
-    fails_with(
-        &[
-            "train",
-            "--config",
-            "flux-tiny",
-            "--device",
             "rocm",
             "--out",
             out,

@@ -97,7 +97,7 @@ pub fn check_device(device: Device) -> Result<()> {
         )),
         Device::Cuda(_) => Tensor::zeros([1], DType::F32, &device)
             .map(|_| ())
-            .map_err(|e| Error::InvalidOption(format!("--device cuda: {e}"))),
+            .map_err(|e| Error::Backend(format!("--device cuda: {e}"))),
     }
 }
 
