@@ -16,7 +16,7 @@ pub enum Error {
     #[error("invalid option: {0}")]
     InvalidOption(String),
     /// A device this build has no backend for.
-    #[error("device {device} is not available: this build of mxswitch has only the CPU backend")]
+    #[error("device {device} is not available: this build of mxswitch has no backend for it")]
     DeviceUnavailable { device: String },
     /// An element type an operation does not accept, or operands whose types differ.
     #[error("dtype error: {0}")]
