@@ -322,3 +322,38 @@ mod tests {
             .is_err());
     }
 }
+
+/// The dims and per-layout strides with size-1 dims dropped and neighbours
+/// merged where every layout is contiguous across them; at least rank 1.
+pub(crate) fn coalesce<const K: usize>(
+    dims: &[usize],
+    strides: [&[usize]; K],
+) -> (Vec<usize>, [Vec<usize>; K]) {
+    let mut out_dims: Vec<usize> = Vec::with_capacity(dims.len());
+    let mut out_strides: [Vec<usize>; K] = std::array::from_fn(|_| Vec::with_capacity(dims.len()));
+    for (i, &d) in dims.iter().enumerate() {
+        if d == 1 {
+            continue;
+        }
+        let mergeable = out_dims.last().is_some()
+            && (0..K).all(|k| *out_strides[k].last().unwrap_or(&0) == strides[k][i] * d);
+        if mergeable {
+            *out_dims.last_mut().expect("checked above") *= d;
+            for k in 0..K {
+                *out_strides[k].last_mut().expect("same length as dims") = strides[k][i];
+            }
+        } else {
+            out_dims.push(d);
+            for k in 0..K {
+                out_strides[k].push(strides[k][i]);
+            }
+        }
+    }
+    if out_dims.is_empty() {
+        out_dims.push(1);
+        for s in &mut out_strides {
+            s.push(1);
+        }
+    }
+    (out_dims, out_strides)
+}

@@ -17,6 +17,7 @@
 //! ([`CudaDevice::get`]); a failure to open it (no GPU, no library) is
 //! remembered and reported as one line.
 
+use crate::shape::coalesce;
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
@@ -86,43 +87,6 @@ impl Strided {
         let (dims, [s]) = coalesce(layout.dims(), [layout.strides()]);
         Strided::new(&dims, &s, layout.offset())
     }
-}
-
-/// Dims and per-layout strides with size-1 dims dropped and neighbours merged
-/// where every layout is contiguous across them (as `cpu::strided::coalesce`).
-fn coalesce<const K: usize>(
-    dims: &[usize],
-    strides: [&[usize]; K],
-) -> (Vec<usize>, [Vec<usize>; K]) {
-    let mut out_dims: Vec<usize> = Vec::with_capacity(dims.len());
-    let mut out_strides: [Vec<usize>; K] = std::array::from_fn(|_| Vec::new());
-    for (i, &d) in dims.iter().enumerate() {
-        if d == 1 {
-            continue;
-        }
-        let mergeable = !out_dims.is_empty()
-            && (0..K).all(|k| *out_strides[k].last().unwrap_or(&0) == strides[k][i] * d);
-        if let (true, Some(last)) = (mergeable, out_dims.last_mut()) {
-            *last *= d;
-            for k in 0..K {
-                if let Some(s) = out_strides[k].last_mut() {
-                    *s = strides[k][i];
-                }
-            }
-        } else {
-            out_dims.push(d);
-            for k in 0..K {
-                out_strides[k].push(strides[k][i]);
-            }
-        }
-    }
-    if out_dims.is_empty() {
-        out_dims.push(1);
-        for s in &mut out_strides {
-            s.push(1);
-        }
-    }
-    (out_dims, out_strides)
 }
 
 /// A CUDA error as a runtime error (one line).
