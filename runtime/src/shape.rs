@@ -291,38 +291,6 @@ impl Layout {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn narrow_keeps_strides_and_moves_the_offset() {
-        let l = Layout::contiguous(Shape::from([3, 4]))
-            .narrow(1, 1, 2)
-            .unwrap();
-        assert_eq!(
-            (l.strides(), l.offset(), l.max_extent()),
-            (&[4, 1][..], 1, 11)
-        );
-        assert!(!l.is_contiguous());
-        let rows = Layout::contiguous(Shape::from([3, 4]))
-            .narrow(0, 1, 2)
-            .unwrap();
-        assert_eq!(rows.contiguous_range(), Some(4..12));
-    }
-
-    #[test]
-    fn broadcast_uses_zero_strides() {
-        let l = Layout::contiguous(Shape::from([3, 1]))
-            .broadcast_as(&Shape::from([2, 3, 4]))
-            .unwrap();
-        assert_eq!(l.strides(), &[0, 1, 0]);
-        assert!(Layout::contiguous(Shape::from([3]))
-            .broadcast_as(&Shape::from([4]))
-            .is_err());
-    }
-}
-
 /// The dims and per-layout strides with size-1 dims dropped and neighbours
 /// merged where every layout is contiguous across them; at least rank 1.
 pub(crate) fn coalesce<const K: usize>(
@@ -356,4 +324,36 @@ pub(crate) fn coalesce<const K: usize>(
         }
     }
     (out_dims, out_strides)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn narrow_keeps_strides_and_moves_the_offset() {
+        let l = Layout::contiguous(Shape::from([3, 4]))
+            .narrow(1, 1, 2)
+            .unwrap();
+        assert_eq!(
+            (l.strides(), l.offset(), l.max_extent()),
+            (&[4, 1][..], 1, 11)
+        );
+        assert!(!l.is_contiguous());
+        let rows = Layout::contiguous(Shape::from([3, 4]))
+            .narrow(0, 1, 2)
+            .unwrap();
+        assert_eq!(rows.contiguous_range(), Some(4..12));
+    }
+
+    #[test]
+    fn broadcast_uses_zero_strides() {
+        let l = Layout::contiguous(Shape::from([3, 1]))
+            .broadcast_as(&Shape::from([2, 3, 4]))
+            .unwrap();
+        assert_eq!(l.strides(), &[0, 1, 0]);
+        assert!(Layout::contiguous(Shape::from([3]))
+            .broadcast_as(&Shape::from([4]))
+            .is_err());
+    }
 }
