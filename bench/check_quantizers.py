@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Checks the PyTorch fake quantizers of flux_tiny_peer.py bit for bit:
-against the golden vectors (../shared/golden or --golden) and against a numpy
+against the golden vectors (runtime/tests/golden or --golden) and against a numpy
 port of runtime/src/formats.rs `encode_rne` on random and tie-adjacent values.
 
-    python3 bench/check_quantizers.py [--golden /work/shared/golden]
+    python3 bench/check_quantizers.py [--golden runtime/tests/golden]
 """
 
 import argparse
@@ -58,7 +58,7 @@ def fval(v):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--golden", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "golden"))
+    ap.add_argument("--golden", default=os.path.join(os.path.dirname(__file__), "..", "runtime", "tests", "golden"))
     args = ap.parse_args()
     fails = 0
 
