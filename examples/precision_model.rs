@@ -9,7 +9,9 @@
 
 use mxswitch::precision;
 use mxswitch::runtime::linear::QuantLinear;
-use mxswitch::runtime::module::{allocate, join, Dense, ParamSlot, Parameters, SplitMix64};
+use mxswitch::runtime::module::{
+    allocate, join, optimizer_step, Dense, ParamSlot, Parameters, SplitMix64,
+};
 use mxswitch::runtime::ops::mse_loss;
 use mxswitch::runtime::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use mxswitch::runtime::warmup::warmup;
@@ -108,12 +110,7 @@ fn step(model: &mut Mlp, opt: &mut AdamW, it: u64, a: &[f32]) -> Result<f32> {
     let value = loss.to_scalar_f32()?;
     let mut grads = loss.backward()?;
     clip_grad_norm(&mut grads, 1.0)?;
-    model.visit_params("", &mut |slot| {
-        if let Some(p) = slot.param.as_mut() {
-            opt.step(std::iter::once(p), &grads)
-                .expect("gradient shapes match their parameters");
-        }
-    });
+    optimizer_step(model, opt, &grads)?;
     Ok(value)
 }
 

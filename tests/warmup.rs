@@ -3,7 +3,7 @@
 //! no parameter, id or optimizer state, and it does change the output.
 
 use mxswitch::models::flux::{Flux, FluxInput, RunConfig, SyntheticData};
-use mxswitch::runtime::module::{allocate, Parameters};
+use mxswitch::runtime::module::{allocate, optimizer_step, Parameters};
 use mxswitch::runtime::ops::mse_loss;
 use mxswitch::runtime::optim::{AdamW, AdamWConfig};
 use mxswitch::runtime::warmup::warmup;
@@ -54,14 +54,7 @@ fn output(model: &Flux, data: &SyntheticData, iter: u64) -> Result<Tensor> {
 fn step(model: &mut Flux, opt: &mut AdamW, data: &SyntheticData, iter: u64) -> Result<()> {
     let b = data.batch(iter, DType::F32)?;
     let loss = mse_loss(&output(model, data, iter)?, &b.target)?;
-    let grads = loss.backward()?;
-    let mut result = Ok(());
-    model.visit_params("", &mut |slot| {
-        if let (Some(p), true) = (slot.param.as_mut(), result.is_ok()) {
-            result = opt.step(std::iter::once(p), &grads);
-        }
-    });
-    result
+    optimizer_step(model, opt, &loss.backward()?)
 }
 
 /// Every parameter's id and value bits, and its optimizer state, in visit order.
@@ -74,7 +67,10 @@ fn state(
     let mut out = Vec::new();
     model.visit_params("", &mut |slot| {
         let p = slot.param.as_ref().unwrap();
-        let s = opt.state(p.id()).map(|(n, m, v)| (n, bits(m), bits(v)));
+        let s = opt
+            .state(p.id())
+            .unwrap()
+            .map(|(n, m, v)| (n, bits(&m), bits(&v)));
         out.push((p.id(), bits(&p.to_vec_f32().unwrap()), s));
     });
     out

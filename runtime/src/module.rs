@@ -119,6 +119,22 @@ pub fn named_params<M: Parameters + ?Sized>(model: &mut M) -> Result<Vec<(String
     }
 }
 
+/// One optimizer step over every allocated parameter of `model` that has a
+/// gradient in `grads`.
+pub fn optimizer_step<M: Parameters + ?Sized>(
+    model: &mut M,
+    opt: &mut crate::optim::AdamW,
+    grads: &crate::Gradients,
+) -> Result<()> {
+    let mut result = Ok(());
+    model.visit_params("", &mut |slot| {
+        if let (Some(p), true) = (slot.param.as_mut(), result.is_ok()) {
+            result = opt.step(std::iter::once(p), grads);
+        }
+    });
+    result
+}
+
 /// Number of parameter values, allocated or not.
 pub fn count_params<M: Parameters + ?Sized>(model: &mut M) -> usize {
     let mut n = 0;

@@ -70,7 +70,7 @@ where
     F: FnMut(&mut M, &mut AdamW) -> Result<()>,
 {
     let params = snapshot(model);
-    let opt_state = opt.clone();
+    let opt_state = opt.try_clone()?;
     let mut runs = Vec::new();
     let mut seen = Vec::new();
     for phase in schedule.phases() {

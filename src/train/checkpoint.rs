@@ -56,18 +56,24 @@ pub fn save_checkpoint<M: Parameters>(
                 failure.get_or_insert(e.to_string());
             }
         }
-        if let Some((step, m, v)) = opt.state(p.id()) {
-            steps.insert(slot.path.clone(), step.into());
-            buffers.push((
-                format!("adamw.m.{}", slot.path),
-                slot.shape.clone(),
-                f32_bytes(m),
-            ));
-            buffers.push((
-                format!("adamw.v.{}", slot.path),
-                slot.shape.clone(),
-                f32_bytes(v),
-            ));
+        match opt.state(p.id()) {
+            Ok(Some((step, m, v))) => {
+                steps.insert(slot.path.clone(), step.into());
+                buffers.push((
+                    format!("adamw.m.{}", slot.path),
+                    slot.shape.clone(),
+                    f32_bytes(&m),
+                ));
+                buffers.push((
+                    format!("adamw.v.{}", slot.path),
+                    slot.shape.clone(),
+                    f32_bytes(&v),
+                ));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                failure.get_or_insert(e.to_string());
+            }
         }
     });
     if let Some(f) = failure {

@@ -17,7 +17,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use mxswitch_models::flux::{Flux, FluxInput, RunConfig, SyntheticData};
-use mxswitch_runtime::module::{allocate, Parameters};
+use mxswitch_runtime::module::{allocate, optimizer_step, Parameters};
 use mxswitch_runtime::ops::mse_loss;
 use mxswitch_runtime::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use mxswitch_runtime::schedule::{Phase, Schedule, SwitchReport};
@@ -148,17 +148,7 @@ fn train_step(
     let mut grads = loss.backward()?;
     drop(loss);
     clip_grad_norm(&mut grads, CLIP_NORM)?;
-    let mut err = None;
-    model.visit_params("", &mut |slot| {
-        if let (Some(p), None) = (slot.param.as_mut(), &err) {
-            if let Err(e) = opt.step(std::iter::once(p), &grads) {
-                err = Some(e);
-            }
-        }
-    });
-    if let Some(e) = err {
-        return Err(e);
-    }
+    optimizer_step(model, opt, &grads)?;
     Ok((loss_value, saved.per_element()))
 }
 

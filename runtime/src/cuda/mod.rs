@@ -23,6 +23,7 @@
 //! - [`storage`]: the tensor backend ([`CudaStorage`], [`CudaDevice`]).
 //! - [`linear`]: the recipe linears (SPEC section 4) on device buffers.
 
+pub(crate) mod adamw;
 pub mod alloc;
 pub(crate) mod bridge;
 pub mod context;

@@ -1,0 +1,148 @@
+//! AdamW on the GPU (`runtime/kernels/adamw.cu`): one launch per parameter
+//! updates the f32 moments in place and writes the new parameter into a fresh
+//! buffer, with the same f32 operations in the same order as the CPU's
+//! `optim::update` (bit-identical; see the kernel's header).
+
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+
+use super::nvrtc::KernelSource;
+use super::storage::backend_err;
+use super::{driver_err, CudaDevice, CudaStorage};
+use crate::backend::{BackendDevice, BackendStorage};
+use crate::cpu::CpuStorage;
+use crate::{DType, Error, Layout, Result, Shape};
+
+/// The AdamW kernels.
+pub const ADAMW: KernelSource = KernelSource {
+    name: "adamw.cu",
+    body: include_str!("../../kernels/adamw.cu"),
+};
+
+const THREADS: u32 = 256;
+const MAX_CTAS: u64 = 1 << 20;
+
+/// The scalar factors of one step (struct AdamWScalars in adamw.cu), each
+/// computed on the host exactly as the CPU update computes it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AdamWScalars {
+    pub decay: f32,
+    pub b1: f32,
+    pub one_minus_b1: f32,
+    pub b2: f32,
+    pub one_minus_b2: f32,
+    pub step_size: f32,
+    pub bias2_sqrt: f32,
+    pub eps: f32,
+}
+
+// SAFETY: plain old data with the C layout of the kernel's struct.
+unsafe impl DeviceRepr for AdamWScalars {}
+
+/// f32 zeros of `n` elements on `dev` (a moment buffer).
+pub(crate) fn zeros_f32(dev: &CudaDevice, n: usize) -> Result<CudaStorage> {
+    dev.zeros(&Shape::new(vec![n]), DType::F32)
+}
+
+/// Host f32 values on `dev`.
+pub(crate) fn upload_f32(dev: &CudaDevice, v: &[f32]) -> Result<CudaStorage> {
+    dev.storage_from_cpu(CpuStorage::F32(v.to_vec()))
+}
+
+/// The f32 values of a moment buffer on the host.
+pub(crate) fn download_f32(s: &CudaStorage) -> Result<Vec<f32>> {
+    match s.to_cpu_storage()? {
+        CpuStorage::F32(v) => Ok(v),
+        _ => Err(Error::DType("AdamW moments must be f32".into())),
+    }
+}
+
+/// A deep copy of a moment buffer (stream-ordered device copy).
+pub(crate) fn deep_copy(s: &CudaStorage) -> Result<CudaStorage> {
+    s.copy_strided(&Layout::contiguous(Shape::new(vec![s.len()])))
+}
+
+/// Address of element `start` of a packed buffer of `dtype`.
+fn addr(s: &CudaStorage, start: usize) -> u64 {
+    s.buffer().ptr() + (start * s.dtype().size_in_bytes()) as u64
+}
+
+/// One AdamW step on the device: `w` (f32 or BF16, packed from element
+/// `w_start`, `n` values) and `g` (f32 or BF16, packed from `g_start`) give
+/// a new parameter buffer of `w`'s dtype; `m` and `v` are updated in place.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn step(
+    w: &CudaStorage,
+    w_start: usize,
+    g: &CudaStorage,
+    g_start: usize,
+    m: &mut CudaStorage,
+    v: &mut CudaStorage,
+    n: usize,
+    s: AdamWScalars,
+) -> Result<CudaStorage> {
+    let dev = w.device().clone();
+    let ctx = dev.context();
+    let wd = w.dtype();
+    if m.len() != n || v.len() != n || m.dtype() != DType::F32 || v.dtype() != DType::F32 {
+        return Err(Error::Shape(format!(
+            "AdamW: moments of {} / {} values for a parameter of {n}",
+            m.len(),
+            v.len()
+        )));
+    }
+    let name = match (wd, g.dtype()) {
+        (DType::F32, DType::F32) => "adamw_w32_g32",
+        (DType::F32, DType::BF16) => "adamw_w32_g16",
+        (DType::BF16, DType::F32) => "adamw_w16_g32",
+        (DType::BF16, DType::BF16) => "adamw_w16_g16",
+        (a, b) => {
+            return Err(Error::DType(format!(
+                "AdamW needs float parameters and gradients, got {a} and {b}"
+            )))
+        }
+    };
+    let out = CudaStorage::from_buffer(
+        ctx.alloc(n * wd.size_in_bytes()).map_err(backend_err)?,
+        wd,
+        n,
+        dev.clone(),
+    );
+    if n == 0 {
+        return Ok(out);
+    }
+    let (w_in, w_out, g_ptr, m_ptr, v_ptr, n64) = (
+        addr(w, w_start),
+        out.buffer().ptr(),
+        addr(g, g_start),
+        m.buffer().ptr(),
+        v.buffer().ptr(),
+        n as u64,
+    );
+    let cfg = LaunchConfig {
+        grid_dim: (
+            n64.div_ceil(u64::from(THREADS)).clamp(1, MAX_CTAS) as u32,
+            1,
+            1,
+        ),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let f = ctx.function(&ADAMW, name).map_err(backend_err)?;
+    ctx.bind().map_err(backend_err)?;
+    let mut b = ctx.stream().launch_builder(&f);
+    b.arg(&w_in)
+        .arg(&w_out)
+        .arg(&g_ptr)
+        .arg(&m_ptr)
+        .arg(&v_ptr)
+        .arg(&n64)
+        .arg(&s);
+    // SAFETY: the argument types are those of the kernel's signature; w, g,
+    // m, v and out each hold n elements from the given addresses, and all
+    // work is on the context's one stream.
+    unsafe { b.launch(cfg) }
+        .map(|_| ())
+        .map_err(|e| backend_err(driver_err(format!("launch {name}"))(e)))?;
+    Ok(out)
+}
