@@ -28,6 +28,9 @@ pub enum Error {
     /// compiler or library error); the message is one line.
     #[error("{0}")]
     Backend(String),
+    /// A file could not be read or written; the message names it.
+    #[error("{0}")]
+    Io(String),
     /// A combination that is valid but not implemented.
     #[error("not implemented: {0}")]
     NotImplemented(String),

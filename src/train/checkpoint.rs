@@ -23,7 +23,7 @@ pub struct Checkpoint {
 }
 
 fn err(path: &Path, what: impl std::fmt::Display) -> Error {
-    Error::InvalidOption(format!("checkpoint {}: {what}", path.display()))
+    Error::Io(format!("checkpoint {}: {what}", path.display()))
 }
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {

@@ -155,14 +155,13 @@ fn train_step(
 /// Create `out` and prove it is writable before training starts.
 fn prepare_out(out: &Path) -> Result<File> {
     std::fs::create_dir_all(out).map_err(|e| {
-        Error::InvalidOption(format!(
+        Error::Io(format!(
             "cannot create output folder {}: {e}",
             out.display()
         ))
     })?;
     let path = out.join("metrics.jsonl");
-    File::create(&path)
-        .map_err(|e| Error::InvalidOption(format!("cannot write {}: {e}", path.display())))
+    File::create(&path).map_err(|e| Error::Io(format!("cannot write {}: {e}", path.display())))
 }
 
 /// Train as `opts` says.
@@ -173,7 +172,7 @@ fn prepare_out(out: &Path) -> Result<File> {
 pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
     let pool = rayon::ThreadPoolBuilder::new()
         .build()
-        .map_err(|e| Error::InvalidOption(format!("cannot start the worker threads: {e}")))?;
+        .map_err(|e| Error::Backend(format!("cannot start the worker threads: {e}")))?;
     pool.install(|| train_in_pool(opts))
 }
 
@@ -246,14 +245,14 @@ fn train_in_pool(opts: &TrainOptions) -> Result<TrainSummary> {
         let line =
             serde_json::to_string(&m).map_err(|e| Error::InvalidOption(format!("metrics: {e}")))?;
         writeln!(metrics_out, "{line}")
-            .map_err(|e| Error::InvalidOption(format!("writing metrics.jsonl: {e}")))?;
+            .map_err(|e| Error::Io(format!("writing metrics.jsonl: {e}")))?;
         bar.set_message(format!("loss {loss:.4}  {}", m.recipe));
         bar.inc(1);
         metrics.push(m);
     }
     metrics_out
         .flush()
-        .map_err(|e| Error::InvalidOption(format!("writing metrics.jsonl: {e}")))?;
+        .map_err(|e| Error::Io(format!("writing metrics.jsonl: {e}")))?;
     bar.finish();
 
     let checkpoint = opts.out.join("checkpoint.safetensors");

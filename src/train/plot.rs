@@ -12,9 +12,7 @@ use mxswitch_runtime::{Error, Result};
 const SIZE: (u32, u32) = (960, 540);
 
 pub fn loss_curve(path: &Path, metrics: &[StepMetrics], switches: &[u64]) -> Result<()> {
-    let fail = |e: &dyn std::fmt::Display| {
-        Error::InvalidOption(format!("loss plot {}: {e}", path.display()))
-    };
+    let fail = |e: &dyn std::fmt::Display| Error::Io(format!("loss plot {}: {e}", path.display()));
     let root = BitMapBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(|e| fail(&e))?;
     if metrics.is_empty() {

@@ -109,7 +109,7 @@ impl RunConfig {
             )));
         }
         let text = std::fs::read_to_string(name_or_path)
-            .map_err(|e| Error::InvalidOption(format!("cannot read config {name_or_path}: {e}")))?;
+            .map_err(|e| Error::Io(format!("cannot read config {name_or_path}: {e}")))?;
         RunConfig::from_ron(&text, name_or_path)
     }
 
