@@ -79,13 +79,24 @@ pub fn join(prefix: &str, name: &str) -> String {
     }
 }
 
+/// Visit every parameter slot with a fallible `f`; after the first error no
+/// further slot is visited and that error is returned.
+pub fn try_visit_params<M: Parameters + ?Sized>(
+    model: &mut M,
+    mut f: impl FnMut(ParamSlot<'_>) -> Result<()>,
+) -> Result<()> {
+    let mut result = Ok(());
+    model.visit_params("", &mut |slot| {
+        if result.is_ok() {
+            result = f(slot);
+        }
+    });
+    result
+}
+
 /// Create every parameter of `model` from `seed`.
 pub fn allocate<M: Parameters + ?Sized>(model: &mut M, seed: u64) -> Result<()> {
-    let mut err = None;
-    model.visit_params("", &mut |slot| {
-        if err.is_some() {
-            return;
-        }
+    try_visit_params(model, |slot| {
         let n: usize = slot.shape.iter().product();
         let mut rng = SplitMix64::new(seed ^ fnv1a(&slot.path));
         let values: Vec<f32> = match slot.init {
@@ -95,28 +106,31 @@ pub fn allocate<M: Parameters + ?Sized>(model: &mut M, seed: u64) -> Result<()> 
                 .map(|_| (rng.next_f64() * 2.0 - 1.0) as f32 * b)
                 .collect(),
         };
-        match Tensor::from_vec(values, slot.shape.clone(), &Device::Cpu).and_then(Param::new) {
-            Ok(p) => *slot.param = Some(p),
-            Err(e) => err = Some(e),
-        }
-    });
-    err.map_or(Ok(()), Err)
+        *slot.param = Some(Param::new(Tensor::from_vec(
+            values,
+            slot.shape,
+            &Device::Cpu,
+        )?)?);
+        Ok(())
+    })
 }
 
 /// Every parameter with its path, in visit order (errors if not allocated).
 pub fn named_params<M: Parameters + ?Sized>(model: &mut M) -> Result<Vec<(String, Tensor)>> {
     let mut out = Vec::new();
-    let mut missing = None;
-    model.visit_params("", &mut |slot| match slot.param {
-        Some(p) => out.push((slot.path, p.tensor().clone())),
-        None => missing = missing.take().or(Some(slot.path)),
-    });
-    match missing {
-        Some(path) => Err(Error::InvalidOption(format!(
-            "parameter `{path}` is not allocated"
-        ))),
-        None => Ok(out),
-    }
+    try_visit_params(model, |slot| {
+        let p = allocated(&slot)?;
+        out.push((slot.path.clone(), p.tensor().clone()));
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// The parameter of a slot, or the error for one that was never allocated.
+pub fn allocated<'s>(slot: &'s ParamSlot<'_>) -> Result<&'s Param> {
+    slot.param
+        .as_ref()
+        .ok_or_else(|| Error::InvalidOption(format!("parameter `{}` is not allocated", slot.path)))
 }
 
 /// One optimizer step over every allocated parameter of `model` that has a
@@ -126,13 +140,10 @@ pub fn optimizer_step<M: Parameters + ?Sized>(
     opt: &mut crate::optim::AdamW,
     grads: &crate::Gradients,
 ) -> Result<()> {
-    let mut result = Ok(());
-    model.visit_params("", &mut |slot| {
-        if let (Some(p), true) = (slot.param.as_mut(), result.is_ok()) {
-            result = opt.step(std::iter::once(p), grads);
-        }
-    });
-    result
+    try_visit_params(model, |slot| match slot.param.as_mut() {
+        Some(p) => opt.step(std::iter::once(p), grads),
+        None => Ok(()),
+    })
 }
 
 /// Number of parameter values, allocated or not.

@@ -5,7 +5,7 @@
 //! It is also the proof that a switch is not a silent no-op: each recipe's
 //! linear kernels must have run during its warm-up step, or warm-up fails.
 
-use crate::module::Parameters;
+use crate::module::{try_visit_params, Parameters};
 use crate::optim::AdamW;
 use crate::plan::{apply_schedule, PrecisionModel};
 use crate::recipe::linear::kernel_runs;
@@ -41,17 +41,11 @@ fn snapshot<M: Parameters>(model: &mut M) -> Vec<Option<Tensor>> {
 }
 
 fn restore<M: Parameters>(model: &mut M, snap: &[Option<Tensor>]) -> Result<()> {
-    let mut i = 0;
-    let mut err = None;
-    model.visit_params("", &mut |slot| {
-        if let (Some(p), Some(Some(t))) = (slot.param.as_mut(), snap.get(i)) {
-            if let Err(e) = p.set(t.clone()) {
-                err.get_or_insert(e);
-            }
-        }
-        i += 1;
-    });
-    err.map_or(Ok(()), Err)
+    let mut values = snap.iter();
+    try_visit_params(model, |slot| match (slot.param.as_mut(), values.next()) {
+        (Some(p), Some(Some(t))) => p.set(t.clone()),
+        _ => Ok(()),
+    })
 }
 
 /// Run `step` once per recipe of `schedule` with every linear on that

@@ -10,9 +10,9 @@ use std::path::Path;
 use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
 
-use mxswitch_runtime::module::Parameters;
+use mxswitch_runtime::module::{allocated, try_visit_params, Parameters};
 use mxswitch_runtime::optim::AdamW;
-use mxswitch_runtime::{Device, Error, Result, Tensor};
+use mxswitch_runtime::{Error, Result, Tensor};
 
 /// What a checkpoint says besides the tensors.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,45 +40,22 @@ pub fn save_checkpoint<M: Parameters>(
 ) -> Result<()> {
     let mut buffers: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     let mut steps = serde_json::Map::new();
-    let mut failure = None;
-    model.visit_params("", &mut |slot| {
-        let Some(p) = slot.param.as_ref() else {
-            failure.get_or_insert_with(|| format!("parameter {} is not allocated", slot.path));
-            return;
-        };
-        match p.to_vec_f32() {
-            Ok(v) => buffers.push((
-                format!("param.{}", slot.path),
-                slot.shape.clone(),
-                f32_bytes(&v),
-            )),
-            Err(e) => {
-                failure.get_or_insert(e.to_string());
-            }
+    try_visit_params(model, |slot| {
+        let p = allocated(&slot)?;
+        let name = |kind: &str| format!("{kind}.{}", slot.path);
+        buffers.push((
+            name("param"),
+            slot.shape.clone(),
+            f32_bytes(&p.to_vec_f32()?),
+        ));
+        if let Some((step, m, v)) = opt.state(p.id())? {
+            steps.insert(slot.path.clone(), step.into());
+            buffers.push((name("adamw.m"), slot.shape.clone(), f32_bytes(&m)));
+            buffers.push((name("adamw.v"), slot.shape.clone(), f32_bytes(&v)));
         }
-        match opt.state(p.id()) {
-            Ok(Some((step, m, v))) => {
-                steps.insert(slot.path.clone(), step.into());
-                buffers.push((
-                    format!("adamw.m.{}", slot.path),
-                    slot.shape.clone(),
-                    f32_bytes(&m),
-                ));
-                buffers.push((
-                    format!("adamw.v.{}", slot.path),
-                    slot.shape.clone(),
-                    f32_bytes(&v),
-                ));
-            }
-            Ok(None) => {}
-            Err(e) => {
-                failure.get_or_insert(e.to_string());
-            }
-        }
-    });
-    if let Some(f) = failure {
-        return Err(err(path, f));
-    }
+        Ok(())
+    })
+    .map_err(|e| err(path, e))?;
     let mut views = HashMap::new();
     for (name, shape, bytes) in &buffers {
         let view = TensorView::new(Dtype::F32, shape.clone(), bytes).map_err(|e| err(path, e))?;
@@ -142,28 +119,20 @@ pub fn load_checkpoint<M: Parameters>(
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect())
     };
-    let mut failure = None;
-    model.visit_params("", &mut |slot| {
-        if failure.is_some() {
-            return;
+    try_visit_params(model, |slot| {
+        let p = slot
+            .param
+            .as_mut()
+            .ok_or_else(|| err(path, format!("parameter {} is not allocated", slot.path)))?;
+        // The value goes where the parameter lives (the CPU or a GPU).
+        let value = read(&format!("param.{}", slot.path), &slot.shape)?;
+        p.set(Tensor::from_vec(value, slot.shape.clone(), &p.device())?)?;
+        if let Some(step) = steps.get(&slot.path).and_then(|s| s.as_u64()) {
+            let m = read(&format!("adamw.m.{}", slot.path), &slot.shape)?;
+            let v = read(&format!("adamw.v.{}", slot.path), &slot.shape)?;
+            opt.set_state(p.id(), step, m, v)?;
         }
-        let result = (|| -> Result<()> {
-            let p = slot
-                .param
-                .as_mut()
-                .ok_or_else(|| err(path, format!("parameter {} is not allocated", slot.path)))?;
-            let value = read(&format!("param.{}", slot.path), &slot.shape)?;
-            p.set(Tensor::from_vec(value, slot.shape.clone(), &Device::Cpu)?)?;
-            if let Some(step) = steps.get(&slot.path).and_then(|s| s.as_u64()) {
-                let m = read(&format!("adamw.m.{}", slot.path), &slot.shape)?;
-                let v = read(&format!("adamw.v.{}", slot.path), &slot.shape)?;
-                opt.set_state(p.id(), step, m, v)?;
-            }
-            Ok(())
-        })();
-        if let Err(e) = result {
-            failure = Some(e);
-        }
-    });
-    failure.map_or(Ok(ckpt), Err)
+        Ok(())
+    })?;
+    Ok(ckpt)
 }

@@ -17,7 +17,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use mxswitch_models::flux::{Flux, FluxInput, RunConfig, SyntheticData};
-use mxswitch_runtime::module::{allocate, optimizer_step, Parameters};
+use mxswitch_runtime::module::{allocate, optimizer_step, try_visit_params};
 use mxswitch_runtime::ops::mse_loss;
 use mxswitch_runtime::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use mxswitch_runtime::schedule::{Phase, Schedule, SwitchReport};
@@ -103,13 +103,10 @@ pub fn check_device(device: Device) -> Result<()> {
 
 /// Move every parameter to `device`, keeping its id.
 fn params_to_device(model: &mut Flux, device: &Device) -> Result<()> {
-    let mut result = Ok(());
-    model.visit_params("", &mut |slot| {
-        if let (Some(p), true) = (slot.param.as_mut(), result.is_ok()) {
-            result = p.to_device(device).and_then(|t| p.set(t));
-        }
-    });
-    result
+    try_visit_params(model, |slot| match slot.param.as_mut() {
+        Some(p) => p.to_device(device).and_then(|t| p.set(t)),
+        None => Ok(()),
+    })
 }
 
 /// Everything a training step needs besides the model and the optimizer.
