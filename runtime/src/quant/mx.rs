@@ -142,6 +142,14 @@ fn split_shape(shape: &[usize], axis: usize) -> (usize, usize, usize) {
     (outer, shape[axis], inner)
 }
 
+/// `x` of `shape` with `axis` moved last: borrowed when it already is.
+fn axis_last<'a>(x: &'a [f32], shape: &[usize], axis: usize) -> Cow<'a, [f32]> {
+    match split_shape(shape, axis) {
+        (_, _, 1) => Cow::Borrowed(x),
+        (outer, len, inner) => Cow::Owned(swap_last_two(x, outer, len, inner)),
+    }
+}
+
 /// Quantize `x` (row-major, `shape`) along `axis` (negative counts from the end).
 pub fn quantize_mx(x: &[f32], shape: &[usize], axis: isize, cfg: &MxConfig) -> Result<MxTensor> {
     cfg.validate()?;
@@ -159,13 +167,7 @@ pub fn quantize_mx(x: &[f32], shape: &[usize], axis: isize, cfg: &MxConfig) -> R
         )));
     }
     let (outer, len, inner) = split_shape(shape, axis);
-    let rows = outer * inner;
-    let axis_last: Cow<[f32]> = if inner == 1 {
-        Cow::Borrowed(x)
-    } else {
-        Cow::Owned(swap_last_two(x, outer, len, inner))
-    };
-    let mut q = quantize_rows(&axis_last, rows, len, cfg)?;
+    let mut q = quantize_rows(&axis_last(x, shape, axis), outer * inner, len, cfg)?;
     q.shape = shape.to_vec();
     q.axis = axis;
     Ok(q)
@@ -439,14 +441,9 @@ impl MxTensor {
     /// whose scaled magnitude exceeded the element format's largest value.
     /// Blocks with the NaN scale are not counted.
     pub fn count_saturated(&self, x: &[f32]) -> usize {
-        let (outer, len, inner) = split_shape(&self.shape, self.axis);
-        let axis_last: Cow<[f32]> = if inner == 1 {
-            Cow::Borrowed(x)
-        } else {
-            Cow::Owned(swap_last_two(x, outer, len, inner))
-        };
+        let rows = axis_last(x, &self.shape, self.axis);
         let data = prepare_rows(
-            &axis_last,
+            &rows,
             self.rows,
             self.len,
             self.padded_len,
