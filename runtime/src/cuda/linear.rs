@@ -31,7 +31,7 @@ use super::{
 };
 use super::{DequantLayout, MxDevice};
 use crate::formats::ElemFormat;
-use crate::quant::{Fp8Tensor, MxConfig, MxTensor, SrKey};
+use crate::quant::{Fp8Tensor, MxConfig, MxTensor};
 use crate::recipe::linear::{LinearCtx, LinearShape, Saved};
 use crate::recipe::{Recipe, RecipeKind};
 use crate::DType;
@@ -125,10 +125,6 @@ fn u32_of(v: usize, what: &str) -> Result<u32> {
 }
 
 /// Tensor label of the non-finite-amax error, as the CPU writes it.
-fn label(l: &LinearCtx, role: &str) -> String {
-    format!("{} {role}, iteration {}", l.layer, l.iteration)
-}
-
 /// What the forward keeps for the backward (SPEC section 4), on the device.
 pub enum SavedDevice {
     /// x in BF16, `[m, k]`.
@@ -462,10 +458,6 @@ fn check_bytes(what: &str, buf: &DevBuf, elems: usize, size: usize, s: LinearSha
     Ok(())
 }
 
-fn mx_config(recipe: &Recipe) -> MxConfig {
-    recipe.mx_config()
-}
-
 // ---------------------------------------------------------------------------
 // Forward and backward
 
@@ -538,8 +530,8 @@ pub fn forward(
                 let sc = Some((xq.scale_inv_ptr(), wq.scale_inv_ptr()));
                 ctx.lin_bf16_gemm(&xa, &wa, m, n, kp, sc, b, aout)?
             };
-            xq.check_finite(ctx, &label(lctx, "activation"))?;
-            wq.check_finite(ctx, &label(lctx, "weight"))?;
+            xq.check_finite(ctx, &lctx.label("activation"))?;
+            wq.check_finite(ctx, &lctx.label("weight"))?;
             Ok((
                 y,
                 SavedDevice::Fp8 {
@@ -552,7 +544,7 @@ pub fn forward(
             ))
         }
         RecipeKind::Mxfp4 | RecipeKind::Mxfp8 => {
-            let cfg = mx_config(recipe);
+            let cfg = recipe.mx_config();
             let tiles = MxConfig {
                 tile2d: recipe.tile2d,
                 ..cfg
@@ -665,18 +657,12 @@ pub fn backward(
                 let dw = ctx.lin_bf16_gemm(&dyt, &xt, n, k, mp, Some((sdy, sx)), None, Out::F32)?;
                 (dx, dw)
             };
-            dyq.check_finite(ctx, &label(lctx, "gradient"))?;
+            dyq.check_finite(ctx, &lctx.label("gradient"))?;
             r
         }
         (RecipeKind::Mxfp4 | RecipeKind::Mxfp8, SavedDevice::Mx { x_m, w_n }) => {
-            let cfg = mx_config(recipe);
-            let sr = |id: u64| {
-                recipe.sr.then_some(SrKey {
-                    seed: lctx.seed,
-                    step: lctx.iteration,
-                    tensor_id: 2 * lctx.layer_id + id,
-                })
-            };
+            let cfg = recipe.mx_config();
+            let sr = |id: u64| lctx.sr_key(recipe, id);
             let mut tmp = None;
             let dyf = ctx.lin_f32(dy, act, m, n, &mut tmp)?;
             // dgrad: reduction over N.

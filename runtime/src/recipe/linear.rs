@@ -62,6 +62,23 @@ pub struct LinearCtx<'a> {
     pub layer_id: u64,
 }
 
+impl LinearCtx<'_> {
+    /// Tensor label used in non-finite-amax errors (SPEC section 3).
+    pub fn label(&self, role: &str) -> String {
+        format!("{} {role}, iteration {}", self.layer, self.iteration)
+    }
+
+    /// The stochastic-rounding key of gradient operand `id` (0: dgrad dy,
+    /// 1: wgrad dy) when `recipe` asks for SR; every backend uses this one.
+    pub fn sr_key(&self, recipe: &Recipe, id: u64) -> Option<SrKey> {
+        recipe.sr.then_some(SrKey {
+            seed: self.seed,
+            step: self.iteration,
+            tensor_id: 2 * self.layer_id + id,
+        })
+    }
+}
+
 /// What the forward keeps for the backward, and nothing else.
 #[derive(Clone, Debug)]
 pub enum Saved {
@@ -111,11 +128,6 @@ fn check_len(what: &str, got: usize, want: usize, shape: LinearShape) -> Result<
     Ok(())
 }
 
-/// Tensor label used in non-finite-amax errors (SPEC section 3).
-fn label(ctx: &LinearCtx, role: &str) -> String {
-    format!("{} {role}, iteration {}", ctx.layer, ctx.iteration)
-}
-
 /// Forward y = x W^T + b under `recipe`; returns y [m, n] and what backward needs.
 pub fn forward(
     recipe: &Recipe,
@@ -141,8 +153,8 @@ pub fn forward(
         }
         RecipeKind::Fp8 | RecipeKind::Fp8Fnuz => {
             let (fwd, _) = recipe.fp8_formats();
-            let xq = quantize_tensorwise(x, &[m, k], fwd, recipe.pow2, &label(ctx, "activation"))?;
-            let wq = quantize_tensorwise(w, &[n, k], fwd, recipe.pow2, &label(ctx, "weight"))?;
+            let xq = quantize_tensorwise(x, &[m, k], fwd, recipe.pow2, &ctx.label("activation"))?;
+            let wq = quantize_tensorwise(w, &[n, k], fwd, recipe.pow2, &ctx.label("weight"))?;
             let y = gemm_nt(
                 &decode(&xq),
                 &decode(&wq),
@@ -214,7 +226,7 @@ pub fn backward(
         }
         (RecipeKind::Fp8 | RecipeKind::Fp8Fnuz, Saved::Fp8 { x, w }) => {
             let (_, grad) = recipe.fp8_formats();
-            let dyq = quantize_tensorwise(dy, &[m, n], grad, recipe.pow2, &label(ctx, "gradient"))?;
+            let dyq = quantize_tensorwise(dy, &[m, n], grad, recipe.pow2, &ctx.label("gradient"))?;
             let dyd = decode(&dyq);
             let dx = gemm(&dyd, &[m, n], false, &decode(w), &[n, k], false, dyq.scale_inv * w.scale_inv);
             let dw = gemm(&dyd, &[m, n], true, &decode(x), &[m, k], false, dyq.scale_inv * x.scale_inv);
@@ -222,7 +234,7 @@ pub fn backward(
         }
         (RecipeKind::Mxfp4 | RecipeKind::Mxfp8, Saved::Mx { x_m, w_n }) => {
             let cfg = recipe.mx_config();
-            let sr = |id| recipe.sr.then_some(SrKey { seed: ctx.seed, step: ctx.iteration, tensor_id: 2 * ctx.layer_id + id });
+            let sr = |id| ctx.sr_key(recipe, id);
             // dgrad: reduction over N.
             let dy_n = quantize_rows(dy, m, n, &MxConfig { sr: sr(0), ..cfg })?;
             let dx = gemm_nt(&dy_n.dequantize_rows(), &w_n.dequantize_rows(), m, k, dy_n.padded_len, 1.0);
