@@ -41,6 +41,17 @@ pub const QUANTIZE_FP8: KernelSource = KernelSource {
     body: include_str!("../../kernels/quantize_fp8.cu"),
 };
 
+/// Every kernel source of the backend, for compile checks.
+pub fn all_sources() -> [KernelSource; 5] {
+    [
+        QUANTIZE_MX,
+        QUANTIZE_FP8,
+        super::linear::LINEAR_OPS,
+        super::storage::OPS,
+        super::adamw::ADAMW,
+    ]
+}
+
 /// Environment variable with extra include directories (`:`-separated), for
 /// kernels that include CUDA headers such as `cuda_fp8.h`.
 pub const INCLUDE_ENV: &str = "MXSWITCH_CUDA_INCLUDE";
