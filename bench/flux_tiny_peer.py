@@ -36,6 +36,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import flux_torch  # noqa: E402  (the model, shared with flux_small_peer.py)
+
 # --------------------------------------------------------------------------
 # flux-tiny (models/configs/flux-tiny.ron)
 # --------------------------------------------------------------------------
@@ -46,8 +49,8 @@ CFG = dict(
     latent_channels=16, latent_height=8, latent_width=8, txt_tokens=8, batch=4,
     iters=80, lr=1e-3, switch_at=40,
 )
-EPS = 1e-6          # LayerNorm and QK RMSNorm
-TIME_DIM = 256      # timestep embedding width
+EPS = flux_torch.EPS            # LayerNorm and QK RMSNorm
+TIME_DIM = flux_torch.TIME_DIM  # timestep embedding width
 CLIP_NORM = 1.0
 
 # --------------------------------------------------------------------------
@@ -180,24 +183,7 @@ def timestep_embedding(ts, dim):
 
 def rope_tables(txt_tokens, ph, pw):
     """[L, D/2] cos and sin; text at (0,0,0), patch (r, c) at (0, r, c)."""
-    cos, sin = [], []
-    for tok in range(txt_tokens + ph * pw):
-        if tok < txt_tokens:
-            pos = (0.0, 0.0, 0.0)
-        else:
-            p = tok - txt_tokens
-            pos = (0.0, float(p // pw), float(p % pw))
-        rc, rs = [], []
-        for axis, d in enumerate(CFG["axes_dim"]):
-            for j in range(d // 2):
-                omega = 1.0 / (CFG["theta"] ** (2.0 * j / d))
-                a = pos[axis] * omega
-                rc.append(math.cos(a))
-                rs.append(math.sin(a))
-        cos.append(rc)
-        sin.append(rs)
-    f = lambda v: torch.from_numpy(np.asarray(v, dtype=np.float64).astype(np.float32))
-    return f(cos), f(sin)
+    return flux_torch.rope_tables(CFG, txt_tokens, ph, pw)
 
 
 # --------------------------------------------------------------------------
@@ -378,97 +364,15 @@ RECIPES = {"mxfp4": Mxfp4Linear, "fp8": Fp8Linear}
 # --------------------------------------------------------------------------
 
 
-class FluxTiny:
-    def __init__(self, params):
-        self.p = params
-        self.recipe = "mxfp4"
-        self.heads = CFG["num_heads"]
+class FluxTiny(flux_torch.Flux):
+    """flux_torch.Flux with the block linears quantized by `self.recipe`."""
 
-    def dense(self, x, name):
-        return F.linear(x, self.p[name + ".weight"], self.p.get(name + ".bias"))
+    def __init__(self, params):
+        super().__init__(params, CFG)
+        self.recipe = "mxfp4"
 
     def qlin(self, x, name):
         return RECIPES[self.recipe].apply(x, self.p[name + ".weight"], self.p.get(name + ".bias"))
-
-    def modulation(self, vec, name, n):
-        out = self.dense(F.silu(vec), name + ".lin")[:, None, :].chunk(n, dim=-1)
-        return [out[i:i + 3] for i in range(0, n, 3)]  # (shift, scale, gate)
-
-    @staticmethod
-    def modulate(m, x):
-        return x * (1.0 + m[1]) + m[0]
-
-    @staticmethod
-    def ln(x):
-        return F.layer_norm(x, x.shape[-1:], eps=EPS)
-
-    def rms(self, x, name):
-        s = self.p[name]
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * s
-
-    def split_heads(self, qkv):
-        b, l, h3 = qkv.shape
-        d = h3 // 3 // self.heads
-        x = qkv.reshape(b, l, 3, self.heads, d).permute(2, 0, 3, 1, 4)
-        return x[0], x[1], x[2]
-
-    @staticmethod
-    def rope(x, cos, sin):
-        xr = x.reshape(*x.shape[:-1], -1, 2)
-        x0, x1 = xr[..., 0], xr[..., 1]
-        return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).reshape(x.shape)
-
-    def attention(self, q, k, v, pe):
-        q, k = self.rope(q, *pe), self.rope(k, *pe)
-        x = F.scaled_dot_product_attention(q, k, v)
-        b, h, l, d = x.shape
-        return x.permute(0, 2, 1, 3).reshape(b, l, h * d)
-
-    def qk(self, qkv, norm):
-        q, k, v = self.split_heads(qkv)
-        return self.rms(q, norm + ".query_norm.scale"), self.rms(k, norm + ".key_norm.scale"), v
-
-    def double_block(self, i, img, txt, vec, pe):
-        p = f"double_blocks.{i}."
-        im1, im2 = self.modulation(vec, p + "img_mod", 6)
-        tm1, tm2 = self.modulation(vec, p + "txt_mod", 6)
-        iq, ik, iv = self.qk(self.qlin(self.modulate(im1, self.ln(img)), p + "img_qkv"), p + "img_attn.norm")
-        tq, tk, tv = self.qk(self.qlin(self.modulate(tm1, self.ln(txt)), p + "txt_qkv"), p + "txt_attn.norm")
-        attn = self.attention(torch.cat((tq, iq), 2), torch.cat((tk, ik), 2), torch.cat((tv, iv), 2), pe)
-        lt = txt.shape[1]
-        txt_attn, img_attn = attn[:, :lt], attn[:, lt:]
-        img = img + im1[2] * self.qlin(img_attn, p + "img_proj")
-        h = F.gelu(self.qlin(self.modulate(im2, self.ln(img)), p + "img_mlp_fc1"), approximate="tanh")
-        img = img + im2[2] * self.qlin(h, p + "img_mlp_fc2")
-        txt = txt + tm1[2] * self.qlin(txt_attn, p + "txt_proj")
-        h = F.gelu(self.qlin(self.modulate(tm2, self.ln(txt)), p + "txt_mlp_fc1"), approximate="tanh")
-        txt = txt + tm2[2] * self.qlin(h, p + "txt_mlp_fc2")
-        return img, txt
-
-    def single_block(self, i, x, vec, pe):
-        p = f"single_blocks.{i}."
-        (m,) = self.modulation(vec, p + "modulation", 3)
-        h = self.modulate(m, self.ln(x))
-        q, k, v = self.qk(self.qlin(h, p + "qkv"), p + "norm")
-        attn = self.attention(q, k, v, pe)
-        mlp = F.gelu(self.qlin(h, p + "mlp_fc1"), approximate="tanh")
-        out = self.qlin(attn, p + "proj") + self.qlin(mlp, p + "mlp_fc2")
-        return x + m[2] * out
-
-    def forward(self, batch, pe):
-        img = self.dense(batch["img"], "img_in")
-        vec = self.dense(F.silu(self.dense(batch["temb"], "time_in.in_layer")), "time_in.out_layer")
-        vec = vec + self.dense(F.silu(self.dense(batch["y"], "vector_in.in_layer")), "vector_in.out_layer")
-        txt = self.dense(batch["txt"], "txt_in")
-        for i in range(CFG["depth"]):
-            img, txt = self.double_block(i, img, txt, vec, pe)
-        lt = txt.shape[1]
-        x = torch.cat((txt, img), 1)
-        for i in range(CFG["depth_single_blocks"]):
-            x = self.single_block(i, x, vec, pe)
-        img = x[:, lt:]
-        shift, scale = self.dense(F.silu(vec), "final_layer.adaLN_modulation")[:, None, :].chunk(2, dim=-1)
-        return self.dense(self.ln(img) * (1.0 + scale) + shift, "final_layer.linear")
 
 
 # --------------------------------------------------------------------------

@@ -111,6 +111,7 @@ fn flux_tiny_trains_through_the_switch() {
     assert_eq!(
         keys,
         [
+            "device_peak_bytes",
             "iter",
             "layers_converted",
             "linears_converted",

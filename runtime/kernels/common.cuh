@@ -267,3 +267,133 @@ __device__ __forceinline__ void hadamard16(float* g) {
 #pragma unroll
     for (int i = 0; i < 16; ++i) g[i] *= 0.25f;
 }
+
+// ---------------------------------------------------------------------------
+// Quantizer input (f32 or BF16), read as f32. Widening BF16 is exact (its
+// bits are the top half of the f32), so a kernel gives the CPU's bits on the
+// widened values. VEC elements make one 16-byte access.
+
+// 16 bytes moved as one access (own type: NVRTC and hiprtc need no
+// vector_types header for it).
+struct alignas(16) Vec16 {
+    u32 w[4];
+};
+
+struct InF32 {
+    static constexpr int VEC = 4;
+    __device__ __forceinline__ static float load(const void* x, u64 i) { return ((const float*)x)[i]; }
+    __device__ __forceinline__ static Vec16 load_vec(const void* x, u64 i) {
+        return *(const Vec16*)((const float*)x + i);
+    }
+    // Element k (< VEC) of a loaded vector.
+    __device__ __forceinline__ static float elem(const Vec16& q, int k) { return u2f(q.w[k]); }
+};
+
+struct InBF16 {
+    static constexpr int VEC = 8;
+    __device__ __forceinline__ static float load(const void* x, u64 i) {
+        return u2f((u32)((const u16*)x)[i] << 16);
+    }
+    __device__ __forceinline__ static Vec16 load_vec(const void* x, u64 i) {
+        return *(const Vec16*)((const u16*)x + i);
+    }
+    // Little endian: element 2j is the low half of word j.
+    __device__ __forceinline__ static float elem(const Vec16& q, int k) {
+        const u32 w = q.w[k >> 1];
+        return u2f((k & 1) ? (w & 0xFFFF0000u) : (w << 16));
+    }
+};
+
+// ---------------------------------------------------------------------------
+// Satfinite RNE encoding of a value known not to be NaN: the hot loops of
+// the MX quantizer (a block whose scale is not NaN holds only finite values)
+// and of the FP8 cast (a tensor whose amax is finite). Equal to encode_rne
+// for every non-NaN f32, checked over all 2^31 magnitudes for the five
+// formats; it does most of its work in f32 adds and multiplies, which issue
+// at twice the rate of the integer and compare instructions magnitude_code
+// uses.
+//   - a = min(|x|, max) saturates;
+//   - M = 2^(E + 23 - man), E the exponent of a but at least the format's
+//     emin: the f32 add a + M rounds a to the format's step in a's binade
+//     (the subnormal step below emin), ties to even, and r = (a + M) - M is
+//     exact;
+//   - r * 2^(bias - 127) has the code's layout in f32 bits (its exponent
+//     field is the format's biased exponent; the format's subnormals become
+//     f32 subnormals), so those bits are the magnitude code << (23 - man),
+//     with nothing below it.
+template <class F>
+__device__ __forceinline__ u32 code_bits_finite(float a) {
+    a = fminf(a, F::max_value());
+    const u32 min_normal_bits = (u32)(128 - F::bias) << 23;
+    const u32 e = f2u(a) & 0x7F800000u;
+    const float m = u2f(e > min_normal_bits ? e : min_normal_bits) * u2f((u32)(127 + 23 - F::man_bits) << 23);
+    const float r = (a + m) - m;
+    return f2u(r * u2f((u32)F::bias << 23));
+}
+
+template <class F>
+__device__ __forceinline__ u32 magnitude_code_finite(float a) {
+    return code_bits_finite<F>(a) >> (23 - F::man_bits);
+}
+
+template <class F>
+__device__ __forceinline__ u32 encode_rne_finite(float x) {
+    return apply_sign<F>(magnitude_code_finite<F>(fabsf(x)), f2u(x) >> 31);
+}
+
+// ---------------------------------------------------------------------------
+// Packing codes into 32-bit words: code j of a word at bit j * W, W = 4 or 8
+// bits (E2M1 codes pack two per byte, element 2i in the low nibble).
+
+template <class F>
+struct CodeWidth {
+    static constexpr int W = 1 + F::exp_bits + F::man_bits;
+};
+
+template <class F, int N>
+__device__ __forceinline__ void pack_codes(const u32* c, u32* w) {
+    constexpr int W = CodeWidth<F>::W;
+#pragma unroll
+    for (int k = 0; k < N * W / 32; ++k) {
+        u32 v = 0u;
+#pragma unroll
+        for (int j = 0; j < 32 / W; ++j) v |= c[k * (32 / W) + j] << (j * W);
+        w[k] = v;
+    }
+}
+
+// Bit `from` of v moved to bit `to` (constants once the loops are unrolled).
+// A right shift is written as the high word of a product, which issues on
+// the multiply pipe instead of the integer pipe the rest of the encoder uses.
+__device__ __forceinline__ u32 move_bits(u32 v, int from, int to) {
+    return to >= from ? v << (to - from) : __umulhi(v, 1u << (32 - (from - to)));
+}
+
+// encode_rne_finite of N values, packed as pack_codes packs them. Outside
+// FNUZ a code is the magnitude code bits plus the sign bit of x, each moved
+// into place, so there is no per-element sign logic.
+template <class F, int N>
+__device__ __forceinline__ void encode_pack_finite(const float* x, u32* w) {
+    constexpr int W = CodeWidth<F>::W;
+    if (F::nan_style == NAN_FNUZ) {
+        // No negative zero: the sign depends on the magnitude.
+        u32 c[N];
+#pragma unroll
+        for (int i = 0; i < N; ++i) c[i] = encode_rne_finite<F>(x[i]);
+        pack_codes<F, N>(c, w);
+    } else {
+#pragma unroll
+        for (int k = 0; k < N * W / 32; ++k) {
+            u32 v = 0u;
+#pragma unroll
+            for (int j = 0; j < 32 / W; ++j) {
+                const float xi = x[k * (32 / W) + j];
+                const int sign_at = j * W + W - 1;
+                // Disjoint bits: the adds are ORs.
+                v += move_bits(code_bits_finite<F>(fabsf(xi)), 23 - F::man_bits, j * W) +
+                     (move_bits(f2u(xi), 31, sign_at) & (1u << sign_at));
+            }
+            w[k] = v;
+        }
+    }
+}

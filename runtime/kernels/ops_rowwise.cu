@@ -53,18 +53,36 @@ extern "C" __global__ void __launch_bounds__(OPS_THREADS) ops_reduce_rows_bf16(c
     reduce_rows(x, y, rows, n, op);
 }
 
+// Reduction over the middle axis of [outer, n, inner]. A CTA owns 32
+// consecutive inner positions of one outer index; its COL_GROUPS rows of
+// threads each reduce every COL_GROUPS-th j, then row 0 combines the
+// partials in a fixed order (deterministic; the sum order differs from the
+// CPU's left-to-right one, which the ops check's tolerance covers).
+// Grid (outer * ceil(inner / 32)), block (32, COL_GROUPS).
+#define COL_GROUPS 16
+
 template <class T>
 __device__ __forceinline__ void reduce_cols(const T* x, T* y, u64 outer, u64 n, u64 inner, int op) {
-    GRID_STRIDE(o, outer * inner) {
-        const u64 b = o / inner, c = o % inner;
+    __shared__ float part[COL_GROUPS][33];
+    const u64 tiles = (inner + 31) / 32;
+    const u64 b = blockIdx.x / tiles;
+    const u64 c = (blockIdx.x % tiles) * 32 + threadIdx.x;
+    float acc = op == 0 ? 0.0f : u2f(0xFF800000u);
+    if (c < inner) {
         const T* p = x + b * n * inner + c;
-        float acc = op == 0 ? 0.0f : u2f(0xFF800000u);
-        for (u64 j = 0; j < n; ++j) {
+        for (u64 j = threadIdx.y; j < n; j += COL_GROUPS) {
             const float v = ld(p, j * inner);
             acc = op == 0 ? acc + v : max_nan(acc, v);
         }
-        st(y, o, acc);
     }
+    part[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y != 0 || c >= inner) return;
+    for (int g = 1; g < COL_GROUPS; ++g) {
+        const float v = part[g][threadIdx.x];
+        acc = op == 0 ? acc + v : max_nan(acc, v);
+    }
+    st(y, b * inner + c, acc);
 }
 extern "C" __global__ void ops_reduce_cols_f32(const float* x, float* y, u64 outer, u64 n, u64 inner, int op) {
     reduce_cols(x, y, outer, n, inner, op);

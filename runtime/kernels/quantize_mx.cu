@@ -1,27 +1,35 @@
 // MX block quantization of rows (SPEC section 2; CPU reference:
 // runtime/src/quant/mx.rs, quantize_rows and MxTensor::dequantize_rows).
 //
-// Layout, as on the CPU ("axis-last"): the input is `rows` rows of `len` f32,
-// row-major; each row is zero-padded to padded_len = 32 * nb. Blocks are the
-// consecutive 32-element chunks of the padded rows, numbered b = row * nb + k.
+// Layout, as on the CPU ("axis-last"): the input is `rows` rows of `len` f32
+// or BF16 values, row-major; each row is zero-padded to padded_len = 32 * nb.
+// Blocks are the consecutive 32-element chunks of the padded rows, numbered
+// b = row * nb + k.
 //   codes  [rows, padded_len]     E4M3FN, or [rows, padded_len / 2] E2M1
 //                                 packed two per byte, element 2i in the low nibble
 //   scales [rows, nb]             E8M0 bytes
 //
-// One thread owns one block (32 elements in registers); a CTA owns
-// QTHREADS consecutive blocks and stages them through shared memory so that
-// global loads and stores are coalesced (a warp touches 32 consecutive
-// elements of one block at a time).
+// Quantize: one thread owns one block. It reads the block's 32 elements with
+// 16-byte loads straight into registers (a warp covers 32 consecutive blocks,
+// so together it reads whole sectors), then writes the block's codes as
+// 16-byte stores and its scale byte: no shared memory, no barrier. The host
+// keeps rows * nb + QUANT_THREADS below 2^32 so block indices are 32-bit.
+//
+// Each quantizer comes twice: PLAIN (no Hadamard, no stochastic rounding, no
+// tiles; the production 1x32 path, kept small so occupancy stays high) and
+// the full kernel with every option.
 //
 // 32x32 tiles (one scale per tile, replicated over its rows) take three
 // launches: PHASE_AMAX writes each block's amax, mx_tile_scales_* reduces
 // them per tile into the scale bytes, PHASE_ENCODE_FIXED encodes with them.
 
-// Threads per CTA = MX blocks per CTA.
+// Threads per CTA of the quantize kernels (one MX block each).
+#define QUANT_THREADS 256
+// Threads per CTA of the dequantize kernels = blocks staged per CTA.
 #define QTHREADS 128
-// Row stride of the shared staging tile: 33 floats, so that thread t reading
-// element j of its block hits bank (33 t + j) mod 32 and no two threads of a
-// warp collide.
+// Row stride of the dequantize staging tile: 33 floats, so that thread t
+// writing element j of its block hits bank (33 t + j) mod 32 and no two
+// threads of a warp collide.
 #define TILE_STRIDE 33
 
 enum Phase { PHASE_QUANTIZE = 0, PHASE_AMAX = 1, PHASE_ENCODE_FIXED = 2 };
@@ -43,42 +51,63 @@ __device__ __forceinline__ void locate_blocks(StagedBlocks& sb, u64 first, u64 n
     }
 }
 
+// The 32 elements of the block starting at column col0 of the row that
+// starts at element row_start, zero past len. When the row length is a
+// multiple of the vector width every row starts 16-byte aligned, and a block
+// inside the row is read as whole vectors, all issued before any is used.
+template <class In>
+__device__ __forceinline__ void load_block(const void* x, u64 row_start, u32 col0, u32 len, float* v) {
+    constexpr int NV = MX_BLOCK / In::VEC;
+    if (len % In::VEC == 0 && col0 + MX_BLOCK <= len) {
+        Vec16 q[NV];
+#pragma unroll
+        for (int k = 0; k < NV; ++k) q[k] = In::load_vec(x, row_start + col0 + k * In::VEC);
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+#pragma unroll
+            for (int i = 0; i < In::VEC; ++i) v[k * In::VEC + i] = In::elem(q[k], i);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < MX_BLOCK; ++i) v[i] = col0 + i < len ? In::load(x, row_start + col0 + i) : 0.0f;
+    }
+}
+
+// Stores block b's packed codes with 16-byte stores: 16 bytes of E2M1 pairs
+// or 32 bytes of E4M3.
 template <class F>
-__device__ __forceinline__ void quantize_mx_rows(const float* x, u8* codes, u8* scales, u32* amax_bits,
+__device__ __forceinline__ void store_block_words(u8* codes, u32 b, const u32* w) {
+    constexpr int NW = MX_BLOCK * CodeWidth<F>::W / 32;
+    Vec16* out = (Vec16*)(codes + (u64)b * (NW * 4));
+#pragma unroll
+    for (int h = 0; h < NW / 4; ++h) {
+        Vec16 q;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) q.w[k] = w[4 * h + k];
+        out[h] = q;
+    }
+}
+
+// One block: amax, scale byte, q = x * 2^(127 - byte), encode. With
+// EXTRAS = false the Hadamard, SR and tile-phase arguments are ignored.
+template <class F, class In, bool EXTRAS>
+__device__ __forceinline__ void quantize_mx_rows(const void* __restrict__ x, u8* __restrict__ codes,
+                                                 u8* __restrict__ scales, u32* __restrict__ amax_bits,
                                                  u32 rows, u32 len, u32 nb, int mode, int phase,
                                                  int hadamard, int sr, u32 seed_lo, u32 seed_hi,
                                                  u32 step, u32 tensor_id) {
-    __shared__ float tile[QTHREADS * TILE_STRIDE];
-    __shared__ StagedBlocks sb;
-    const u64 nblocks = (u64)rows * nb;
-    const u64 first = (u64)blockIdx.x * QTHREADS;
-    locate_blocks(sb, first, nblocks, nb, len);
-    __syncthreads();
-
-    // Stage: warp w loads blocks w, w + 4, ...; lane j loads element j (zero past len).
-    const u32 j = threadIdx.x % MX_BLOCK;
-    for (u32 lb = threadIdx.x / MX_BLOCK; lb < QTHREADS; lb += QTHREADS / MX_BLOCK) {
-        float v = 0.0f;
-        if (first + lb < nblocks) {
-            const u32 col = sb.col0[lb] + j;
-            if (col < len) v = x[sb.row_offset[lb] + col];
-        }
-        tile[lb * TILE_STRIDE + j] = v;
-    }
-    __syncthreads();
-
-    const u64 b = first + threadIdx.x;
-    if (b >= nblocks) return;
+    const u32 b = blockIdx.x * QUANT_THREADS + threadIdx.x;
+    if (b >= rows * nb) return;
+    const u32 row = b / nb;
     float v[MX_BLOCK];
-#pragma unroll
-    for (int i = 0; i < MX_BLOCK; ++i) v[i] = tile[threadIdx.x * TILE_STRIDE + i];
-    if (hadamard) {
+    load_block<In>(x, (u64)row * len, (b - row * nb) * MX_BLOCK, len, v);
+    if (EXTRAS && hadamard) {
         hadamard16(v);
         hadamard16(v + 16);
     }
 
     u32 byte;
-    if (phase == PHASE_ENCODE_FIXED) {
+    if (EXTRAS && phase == PHASE_ENCODE_FIXED) {
         byte = scales[b];
     } else {
         // Block amax as the max of |x| bits: NaN > Inf > every finite value.
@@ -88,7 +117,7 @@ __device__ __forceinline__ void quantize_mx_rows(const float* x, u8* codes, u8* 
             const u32 a = f2u(v[i]) & 0x7FFFFFFFu;
             m = a > m ? a : m;
         }
-        if (phase == PHASE_AMAX) {
+        if (EXTRAS && phase == PHASE_AMAX) {
             amax_bits[b] = m;
             return;
         }
@@ -96,47 +125,34 @@ __device__ __forceinline__ void quantize_mx_rows(const float* x, u8* codes, u8* 
         scales[b] = (u8)byte;
     }
 
-    u32 c[MX_BLOCK];
+    u32 w[MX_BLOCK * CodeWidth<F>::W / 32];
     if (byte == 0xFFu) {
         // NaN scale: the block holds NaN or Inf; its codes are zero.
 #pragma unroll
-        for (int i = 0; i < MX_BLOCK; ++i) c[i] = 0u;
+        for (int k = 0; k < MX_BLOCK * CodeWidth<F>::W / 32; ++k) w[k] = 0u;
     } else {
         const float recip = e8m0_reciprocal(byte);
-        if (sr) {
+#pragma unroll
+        for (int i = 0; i < MX_BLOCK; ++i) v[i] = v[i] * recip;
+        if (EXTRAS && sr) {
             // Element i of the padded layout takes word i % 4 of
             // philox([i / 4 lo, i / 4 hi, step, tensor_id], seed) (SrKey::word).
+            u32 c[MX_BLOCK];
 #pragma unroll
             for (int g = 0; g < MX_BLOCK / 4; ++g) {
-                const u64 group = b * (MX_BLOCK / 4) + (u64)g;
-                u32 w[4] = {(u32)group, (u32)(group >> 32), step, tensor_id};
-                philox4x32_10(w, seed_lo, seed_hi);
+                const u64 group = (u64)b * (MX_BLOCK / 4) + (u64)g;
+                u32 r[4] = {(u32)group, (u32)(group >> 32), step, tensor_id};
+                philox4x32_10(r, seed_lo, seed_hi);
 #pragma unroll
-                for (int q = 0; q < 4; ++q) c[4 * g + q] = encode_sr<F>(v[4 * g + q] * recip, w[q]);
+                for (int q = 0; q < 4; ++q) c[4 * g + q] = encode_sr<F>(v[4 * g + q], r[q]);
             }
+            pack_codes<F, MX_BLOCK>(c, w);
         } else {
-#pragma unroll
-            for (int i = 0; i < MX_BLOCK; ++i) c[i] = encode_rne<F>(v[i] * recip);
+            // The scale is not NaN, so every element is finite.
+            encode_pack_finite<F, MX_BLOCK>(v, w);
         }
     }
-
-    if (F::exp_bits + F::man_bits == 3) {
-        // E2M1: 16 bytes per block, written as four little-endian words.
-        u32* out = (u32*)(codes + b * (MX_BLOCK / 2));
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            u32 w = 0u;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) w |= (c[8 * k + 2 * i] | (c[8 * k + 2 * i + 1] << 4)) << (8 * i);
-            out[k] = w;
-        }
-    } else {
-        u32* out = (u32*)(codes + b * MX_BLOCK);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            out[k] = c[4 * k] | (c[4 * k + 1] << 8) | (c[4 * k + 2] << 16) | (c[4 * k + 3] << 24);
-        }
-    }
+    store_block_words<F>(codes, b, w);
 }
 
 // One scale byte per 32x32 tile from the per-block amax bits, replicated over
@@ -220,13 +236,24 @@ __device__ __forceinline__ void dequantize_mx_rows(const u8* codes, const u8* sc
     }
 }
 
+// The quantizer of one element format and input type: full and PLAIN.
+#define MX_QUANTIZE_KERNELS(SUFFIX, FMT, IN)                                                            \
+    extern "C" __global__ void __launch_bounds__(QUANT_THREADS) quantize_mx_##SUFFIX(                  \
+        const void* x, u8* codes, u8* scales, u32* amax_bits, u32 rows, u32 len, u32 nb, int mode,     \
+        int phase, int hadamard, int sr, u32 seed_lo, u32 seed_hi, u32 step, u32 tensor_id) {          \
+        quantize_mx_rows<FMT, IN, true>(x, codes, scales, amax_bits, rows, len, nb, mode, phase,       \
+                                        hadamard, sr, seed_lo, seed_hi, step, tensor_id);              \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(QUANT_THREADS) quantize_mx_plain_##SUFFIX(            \
+        const void* x, u8* codes, u8* scales, u32* amax_bits, u32 rows, u32 len, u32 nb, int mode,     \
+        int phase, int hadamard, int sr, u32 seed_lo, u32 seed_hi, u32 step, u32 tensor_id) {          \
+        quantize_mx_rows<FMT, IN, false>(x, codes, scales, amax_bits, rows, len, nb, mode, phase,      \
+                                         hadamard, sr, seed_lo, seed_hi, step, tensor_id);             \
+    }
+
 #define MX_KERNELS(SUFFIX, FMT)                                                                      \
-    extern "C" __global__ void __launch_bounds__(QTHREADS) quantize_mx_##SUFFIX(                     \
-        const float* x, u8* codes, u8* scales, u32* amax_bits, u32 rows, u32 len, u32 nb, int mode,  \
-        int phase, int hadamard, int sr, u32 seed_lo, u32 seed_hi, u32 step, u32 tensor_id) {        \
-        quantize_mx_rows<FMT>(x, codes, scales, amax_bits, rows, len, nb, mode, phase, hadamard, sr, \
-                              seed_lo, seed_hi, step, tensor_id);                                    \
-    }                                                                                                \
+    MX_QUANTIZE_KERNELS(SUFFIX##_f32, FMT, InF32)                                                    \
+    MX_QUANTIZE_KERNELS(SUFFIX##_bf16, FMT, InBF16)                                                  \
     extern "C" __global__ void mx_tile_scales_##SUFFIX(const u32* amax_bits, u8* scales, u32 rows,   \
                                                        u32 nb, int mode) {                           \
         mx_tile_scales<FMT>(amax_bits, scales, rows, nb, mode);                                      \

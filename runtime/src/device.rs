@@ -26,6 +26,19 @@ impl Device {
             _ => false,
         }
     }
+
+    /// The most memory the device's tensors have held at once in this
+    /// process, in bytes (the caching allocator's peak); None on the CPU or
+    /// where the device is not open.
+    pub fn peak_memory_bytes(&self) -> Option<u64> {
+        match self {
+            #[cfg(feature = "cuda")]
+            Device::Cuda(i) => crate::cuda::CudaDevice::get(*i)
+                .ok()
+                .map(|d| d.context().pool_stats().peak_bytes_in_use as u64),
+            _ => None,
+        }
+    }
 }
 
 impl std::fmt::Display for Device {

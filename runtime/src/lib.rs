@@ -7,6 +7,7 @@ pub mod formats;
 pub mod linear;
 pub mod module;
 pub mod plan;
+pub mod profile;
 pub mod quant;
 pub mod recipe;
 pub mod schedule;

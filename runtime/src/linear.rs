@@ -239,6 +239,7 @@ impl LinearOp {
         let w = packed(&inputs[1])?;
         let b = inputs.get(2).map(packed).transpose()?;
         let dev = x.device().clone();
+        let _p = crate::profile::scope("linear forward", inputs[0].device());
         crate::recipe::linear::count_run(self.recipe.kind);
         let (y, saved) = crate::cuda::linear::forward(
             dev.context(),
@@ -268,6 +269,7 @@ impl LinearOp {
         use crate::cuda::bridge::{packed, tensor_from_buffer};
         let dy = packed(dy)?;
         let dev = dy.device().clone();
+        let _p = crate::profile::scope("linear backward", crate::Device::Cuda(dev.ordinal()));
         let w = weight.map(packed).transpose()?;
         // Only the bf16 recipe reads W; the others get an empty buffer they ignore.
         let empty;

@@ -271,6 +271,7 @@ impl AdamW {
         use crate::cuda::adamw;
         use crate::storage::Storage;
         use crate::Device;
+        let _p = crate::profile::scope("adamw", param.device());
         match (param.device(), grad.device()) {
             (Device::Cuda(a), Device::Cuda(b)) if a == b => {}
             _ => return Ok(None),

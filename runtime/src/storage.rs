@@ -85,6 +85,7 @@ impl Storage {
     }
 
     pub(crate) fn copy_strided(&self, layout: &Layout) -> Result<Storage> {
+        let _p = crate::profile::scope("copy_strided", self.device());
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(s.copy_strided(layout)?)),
             #[cfg(feature = "cuda")]
@@ -93,6 +94,7 @@ impl Storage {
     }
 
     pub(crate) fn to_dtype(&self, layout: &Layout, dtype: DType) -> Result<Storage> {
+        let _p = crate::profile::scope("to_dtype", self.device());
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(s.to_dtype(layout, dtype)?)),
             #[cfg(feature = "cuda")]
@@ -101,6 +103,7 @@ impl Storage {
     }
 
     pub(crate) fn unary(&self, layout: &Layout, op: UnaryOp) -> Result<Storage> {
+        let _p = crate::profile::scope("unary", self.device());
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(s.unary(layout, op)?)),
             #[cfg(feature = "cuda")]
@@ -109,6 +112,7 @@ impl Storage {
     }
 
     pub(crate) fn affine(&self, layout: &Layout, mul: f32, add: f32) -> Result<Storage> {
+        let _p = crate::profile::scope("affine", self.device());
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(s.affine(layout, mul, add)?)),
             #[cfg(feature = "cuda")]
@@ -123,6 +127,7 @@ impl Storage {
         rhs_layout: &Layout,
         op: BinaryOp,
     ) -> Result<Storage> {
+        let _p = crate::profile::scope("binary", self.device());
         self.same_dtype(rhs, op.name())?;
         match (self, rhs) {
             (Storage::Cpu(a), Storage::Cpu(b)) => {
@@ -138,6 +143,7 @@ impl Storage {
     }
 
     pub(crate) fn reduce(&self, layout: &Layout, op: ReduceOp, axis: usize) -> Result<Storage> {
+        let _p = crate::profile::scope("reduce", self.device());
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(s.reduce(layout, op, axis)?)),
             #[cfg(feature = "cuda")]
@@ -151,6 +157,7 @@ impl Storage {
         rhs: &Storage,
         rhs_layout: &Layout,
     ) -> Result<Storage> {
+        let _p = crate::profile::scope("matmul", self.device());
         self.same_dtype(rhs, "matmul")?;
         match (self, rhs) {
             (Storage::Cpu(a), Storage::Cpu(b)) => {
@@ -166,6 +173,9 @@ impl Storage {
     }
 
     pub(crate) fn concat(parts: &[(&Storage, &Layout)], axis: usize) -> Result<Storage> {
+        let _p = parts
+            .first()
+            .and_then(|(p, _)| crate::profile::scope("concat", p.device()));
         let (first, _) = parts[0];
         for (s, _) in &parts[1..] {
             first.same_dtype(s, "concat")?;
@@ -197,6 +207,7 @@ impl Storage {
     }
 
     pub(crate) fn softmax_last_dim(&self, layout: &Layout) -> Result<Storage> {
+        let _p = crate::profile::scope("softmax", self.device());
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(s.softmax_last_dim(layout)?)),
             #[cfg(feature = "cuda")]
@@ -210,6 +221,7 @@ impl Storage {
         eps: f32,
         rms: bool,
     ) -> Result<(Storage, Storage)> {
+        let _p = crate::profile::scope("norm", self.device());
         match self {
             Storage::Cpu(s) => {
                 let (y, rstd) = s.norm_last_dim(layout, eps, rms)?;
@@ -229,6 +241,7 @@ impl Storage {
         cos: (&Storage, &Layout),
         sin: (&Storage, &Layout),
     ) -> Result<Storage> {
+        let _p = crate::profile::scope("rope", self.device());
         self.same_dtype(cos.0, "rope_interleaved")?;
         self.same_dtype(sin.0, "rope_interleaved")?;
         match (self, cos.0, sin.0) {

@@ -62,5 +62,8 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             summary.checkpoint.display()
         );
     }
+    if let Some(report) = mxswitch::runtime::profile::report() {
+        eprint!("{report}");
+    }
     Ok(())
 }

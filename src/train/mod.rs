@@ -55,6 +55,8 @@ pub struct StepMetrics {
     pub linears_converted: usize,
     pub step_time_ms: f64,
     pub saved_bytes_per_element: f64,
+    /// Peak bytes of the device's tensors so far; null on the CPU.
+    pub device_peak_bytes: Option<u64>,
 }
 
 /// What a run produced.
@@ -238,6 +240,7 @@ fn train_in_pool(opts: &TrainOptions) -> Result<TrainSummary> {
             linears_converted: sw.linears_converted,
             step_time_ms,
             saved_bytes_per_element: per_element,
+            device_peak_bytes: opts.device.peak_memory_bytes(),
         };
         let line =
             serde_json::to_string(&m).map_err(|e| Error::InvalidOption(format!("metrics: {e}")))?;

@@ -3,16 +3,23 @@
 //! 1. MX quantizers: every configuration (4 scale modes x E2M1/E4M3 x 32x32
 //!    tiles on/off x Hadamard on/off x stochastic rounding on/off) on seeded
 //!    random rows of awkward lengths (1, 31, 33, 993, ...) and on the 13 golden
-//!    blocks; codes, scales and the dequantized values (f32 and BF16, both
+//!    blocks, with f32 and with BF16 input (the CPU quantizes the widened BF16
+//!    values); codes, scales and the dequantized values (f32 and BF16, both
 //!    layouts) must equal `mxswitch_runtime::quant` byte for byte. The plain
 //!    configurations are also checked against the golden JSON directly.
 //! 2. FP8 tensorwise (E4M3FN, E5M2 and the FNUZ pair, with and without pow2
-//!    scales): amax, scale and scale_inv bits, codes and dequantized values;
-//!    the golden amax -> scale table; NaN/Inf tensors must be an error.
+//!    scales, f32 and BF16 input): amax, scale and scale_inv bits, codes and
+//!    dequantized values; the golden amax -> scale table; NaN/Inf tensors
+//!    must be an error. The 2-D cast: codes and transposed codes, zero
+//!    padding included, for every format, both input types, pad_to 1 and 16.
 //! 3. cuBLASLt GEMMs (BF16, FP8 with per-tensor scales, and the Hopper MXFP4 /
 //!    MXFP8 path: dequantize to BF16 + BF16 GEMM) against an f64 reference of
 //!    the dequantized operands, with the tolerance printed on each line, and
 //!    their speed in TFLOP/s.
+//! 4. Quantizer speed at 8192x8192: the `quantizer speed:` line, and one
+//!    `BENCH quantize <name> elems= ms= gbps= copy_ratio=` line per quantizer
+//!    beside a device-to-device copy of the BF16 tensor (see
+//!    `bench_quantizers`), whose outputs are then checked against the CPU.
 //!
 //! Prints one line per check and exits 1 on any mismatch, 2 when there is no
 //! usable GPU (one line saying what was looked for and where).
@@ -27,6 +34,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 use serde_json::Value;
 
+use mxswitch_runtime::cuda::quantize::{Fp8Device2d, Fp8Outputs};
 use mxswitch_runtime::cuda::{
     CudaContext, CudaError, DequantLayout, DevBuf, Fp8Device, GemmDType, GemmOperand, MxDevice,
 };
@@ -90,8 +98,10 @@ fn main() -> ExitCode {
     check_mx_random(&ctx, &mut rep);
     check_mx_golden(&ctx, &mut rep);
     check_fp8(&ctx, &mut rep);
+    check_fp8_2d(&ctx, &mut rep);
     check_gemms(&ctx, &mut rep);
     time_quantizers(&ctx, &mut rep);
+    bench_quantizers(&ctx, &mut rep);
     let st = ctx.pool_stats();
     println!(
         "pool: {} cuMemAlloc, {} reuses, {:.1} MiB in use, {:.1} MiB cached; NVRTC compilations: {}",
@@ -187,6 +197,28 @@ fn normal_data(n: usize, seed: u64, scale: f64) -> Vec<f32> {
     x
 }
 
+/// The input as the device sees it (f32 values, or their BF16 rounding as
+/// raw bits) and the f32 values the CPU reference quantizes (for BF16 the
+/// widened BF16 values, which the GPU kernels widen to exactly).
+fn device_input(ctx: &CudaContext, x: &[f32], dtype: DType) -> Result<(DevBuf, Vec<f32>), String> {
+    match dtype {
+        DType::BF16 => {
+            let bits: Vec<u16> = x.par_iter().map(|&v| bf16::from_f32(v)).collect();
+            let wide = bits.par_iter().map(|&h| bf16::to_f32(h)).collect();
+            Ok((gpu(ctx.upload(&bits))?, wide))
+        }
+        _ => Ok((gpu(ctx.upload(x))?, x.to_vec())),
+    }
+}
+
+fn dtype_name(dtype: DType) -> &'static str {
+    if dtype == DType::BF16 {
+        "bf16"
+    } else {
+        "f32"
+    }
+}
+
 /// Same f32, every NaN equal to every NaN (payloads are not specified).
 fn same_f32(a: f32, b: f32) -> bool {
     (a.is_nan() && b.is_nan()) || a.to_bits() == b.to_bits()
@@ -236,16 +268,19 @@ fn describe(cfg: &MxConfig) -> String {
 }
 
 /// GPU quantize + dequantize of one configuration, compared with the CPU.
+/// `x` holds the values the CPU quantizes (for BF16 input, the widened BF16
+/// values `xd` holds).
 fn compare_mx(
     ctx: &CudaContext,
     xd: &DevBuf,
+    dtype: DType,
     x: &[f32],
     rows: usize,
     len: usize,
     cfg: &MxConfig,
 ) -> Result<(), String> {
     let cpu = quantize_rows(x, rows, len, cfg).map_err(|e| format!("CPU quantizer: {e}"))?;
-    let q = gpu(ctx.quantize_mx_rows(xd, rows, len, cfg))?;
+    let q = gpu(ctx.quantize_mx_rows_of(xd, dtype, rows, len, cfg))?;
     let codes: Vec<u8> = gpu(ctx.download(&q.codes, q.code_bytes()))?;
     let scales: Vec<u8> = gpu(ctx.download(&q.scales, q.nblocks()))?;
     let mut bad = Vec::new();
@@ -314,28 +349,39 @@ fn compare_dequant(ctx: &CudaContext, q: &MxDevice, cpu: &MxTensor) -> Result<Ve
     Ok(bad)
 }
 
-/// Every configuration on one matrix; one report line.
-fn mx_sweep(ctx: &CudaContext, rep: &mut Report, name: &str, x: &[f32], rows: usize, len: usize) {
+/// Every configuration on one matrix, given as f32 or BF16; one report line.
+#[allow(clippy::too_many_arguments)]
+fn mx_sweep(
+    ctx: &CudaContext,
+    rep: &mut Report,
+    name: &str,
+    x: &[f32],
+    rows: usize,
+    len: usize,
+    dtype: DType,
+) {
     let configs = all_mx_configs();
     let r = (|| -> CheckResult {
-        let xd = gpu(ctx.upload(x))?;
+        let (xd, x) = device_input(ctx, x, dtype)?;
         let mut fails = Vec::new();
         for cfg in &configs {
-            if let Err(e) = compare_mx(ctx, &xd, x, rows, len, cfg) {
+            if let Err(e) = compare_mx(ctx, &xd, dtype, &x, rows, len, cfg) {
                 fails.push(e);
             }
         }
         if fails.is_empty() {
             Ok(format!(
-                "{} configs, codes + scales + dequantized (f32, bf16, input layout) bit-exact",
-                configs.len()
+                "{} configs, {} input, codes + scales + dequantized (f32, bf16, input layout) bit-exact",
+                configs.len(),
+                dtype_name(dtype)
             ))
         } else {
             let n = fails.len();
             fails.truncate(4);
             Err(format!(
-                "{n} of {} configs differ; first: {}",
+                "{n} of {} configs differ ({} input); first: {}",
                 configs.len(),
+                dtype_name(dtype),
                 fails.join(" | ")
             ))
         }
@@ -345,8 +391,10 @@ fn mx_sweep(ctx: &CudaContext, rep: &mut Report, name: &str, x: &[f32], rows: us
 
 fn check_mx_random(ctx: &CudaContext, rep: &mut Report) {
     // (rows, len, specials): lengths on both sides of 32, rows on both sides
-    // of the 32-row tile, a long row, and NaN/Inf-laden data.
-    let shapes: [(usize, usize, bool); 9] = [
+    // of the 32-row tile, a long row, and NaN/Inf-laden data. With BF16 input
+    // the 16-byte loads need len % 8 == 0, so 40, 72 and 96 take them with a
+    // partial last block and the odd lengths take the element loads.
+    let shapes: [(usize, usize, bool); 12] = [
         (1, 1, false),
         (3, 31, false),
         (5, 33, false),
@@ -356,18 +404,24 @@ fn check_mx_random(ctx: &CudaContext, rep: &mut Report) {
         (40, 96, true),
         (96, 1024, false),
         (7, 4133, false),
+        (1, 40, false),
+        (9, 72, true),
+        (70, 8, false),
     ];
-    for (i, &(rows, len, specials)) in shapes.iter().enumerate() {
-        let x = mx_data(rows, len, 1000 + i as u64, specials);
-        let name = format!(
-            "mx quantize {rows}x{len}{}",
-            if specials {
-                " (NaN/Inf/subnormal data)"
-            } else {
-                ""
-            }
-        );
-        mx_sweep(ctx, rep, &name, &x, rows, len);
+    for dtype in [DType::F32, DType::BF16] {
+        for (i, &(rows, len, specials)) in shapes.iter().enumerate() {
+            let x = mx_data(rows, len, 1000 + i as u64, specials);
+            let name = format!(
+                "mx quantize {rows}x{len} {}{}",
+                dtype_name(dtype),
+                if specials {
+                    " (NaN/Inf/subnormal data)"
+                } else {
+                    ""
+                }
+            );
+            mx_sweep(ctx, rep, &name, &x, rows, len, dtype);
+        }
     }
 }
 
@@ -413,14 +467,17 @@ fn check_mx_golden(ctx: &CudaContext, rep: &mut Report) {
             continue;
         }
         // (a) The 13 blocks as a [13, 32] matrix through every configuration.
-        mx_sweep(
-            ctx,
-            rep,
-            &format!("golden {file} blocks, GPU vs CPU"),
-            &x,
-            rows,
-            32,
-        );
+        for dtype in [DType::F32, DType::BF16] {
+            mx_sweep(
+                ctx,
+                rep,
+                &format!("golden {file} blocks {}, GPU vs CPU", dtype_name(dtype)),
+                &x,
+                rows,
+                32,
+                dtype,
+            );
+        }
         // (b) The plain 1x32 configurations against the JSON itself.
         let r = (|| -> CheckResult {
             let xd = gpu(ctx.upload(&x))?;
@@ -488,9 +545,16 @@ const FP8_FORMATS: [ElemFormat; 4] = [
     ElemFormat::E5M2FNUZ,
 ];
 
-fn compare_fp8(ctx: &CudaContext, x: &[f32], elem: ElemFormat, pow2: bool) -> Result<(), String> {
-    let xd = gpu(ctx.upload(x))?;
-    let q = gpu(ctx.quantize_fp8_tensorwise(&xd, x.len(), elem, pow2))?;
+fn compare_fp8(
+    ctx: &CudaContext,
+    x: &[f32],
+    dtype: DType,
+    elem: ElemFormat,
+    pow2: bool,
+) -> Result<(), String> {
+    let (xd, x) = device_input(ctx, x, dtype)?;
+    let x = &x[..];
+    let q = gpu(ctx.quantize_fp8_of(&xd, dtype, x.len(), elem, pow2))?;
     let cpu =
         quantize_tensorwise(x, &[x.len()], elem, pow2, "x").map_err(|e| format!("CPU: {e}"))?;
     gpu(q.check_finite(ctx, "x"))?;
@@ -527,7 +591,8 @@ fn compare_fp8(ctx: &CudaContext, x: &[f32], elem: ElemFormat, pow2: bool) -> Re
         Ok(())
     } else {
         Err(format!(
-            "{elem} pow2={pow2} n={}: {}",
+            "{elem} {} pow2={pow2} n={}: {}",
+            dtype_name(dtype),
             x.len(),
             bad.join("; ")
         ))
@@ -535,7 +600,21 @@ fn compare_fp8(ctx: &CudaContext, x: &[f32], elem: ElemFormat, pow2: bool) -> Re
 }
 
 fn check_fp8(ctx: &CudaContext, rep: &mut Report) {
-    let sizes = [0usize, 1, 31, 33, 993, 65_537, 1 << 20];
+    // Sizes around the 8-element vectors, the 16-element cast groups and the
+    // amax grid (one CTA per 256 vectors, at most 8 per SM).
+    let sizes = [
+        0usize,
+        1,
+        7,
+        15,
+        17,
+        31,
+        33,
+        993,
+        65_537,
+        (1 << 20) + 9,
+        (1 << 23) + 3,
+    ];
     let r = (|| -> CheckResult {
         let mut fails = Vec::new();
         let mut n_cases = 0;
@@ -544,11 +623,13 @@ fn check_fp8(ctx: &CudaContext, rep: &mut Report) {
             let plain = normal_data(n, 77 + si as u64, 3.0);
             let wide = mx_data(1, n, 99 + si as u64, false);
             for x in [&plain, &wide] {
-                for elem in FP8_FORMATS {
-                    for pow2 in [false, true] {
-                        n_cases += 1;
-                        if let Err(e) = compare_fp8(ctx, x, elem, pow2) {
-                            fails.push(e);
+                for dtype in [DType::F32, DType::BF16] {
+                    for elem in FP8_FORMATS {
+                        for pow2 in [false, true] {
+                            n_cases += 1;
+                            if let Err(e) = compare_fp8(ctx, x, dtype, elem, pow2) {
+                                fails.push(e);
+                            }
                         }
                     }
                 }
@@ -556,7 +637,7 @@ fn check_fp8(ctx: &CudaContext, rep: &mut Report) {
         }
         if fails.is_empty() {
             Ok(format!(
-                "{n_cases} cases (4 formats x pow2 on/off x sizes {sizes:?}): amax, scale, scale_inv, codes, dequantized bit-exact"
+                "{n_cases} cases (f32/bf16 input x 4 formats x pow2 on/off x sizes {sizes:?}): amax, scale, scale_inv, codes, dequantized bit-exact"
             ))
         } else {
             let n = fails.len();
@@ -626,6 +707,226 @@ fn check_fp8(ctx: &CudaContext, rep: &mut Report) {
         Ok(format!("both backends refuse: {}", msgs.join(", ")))
     })();
     rep.line("fp8 non-finite amax", r);
+}
+
+/// The codes a 2-D cast must write: the CPU's codes of the `[rows, cols]`
+/// matrix zero-padded to `[rows_pad, cols_pad]`, and their transpose.
+fn padded_codes(
+    codes: &[u8],
+    rows: usize,
+    cols: usize,
+    rows_pad: usize,
+    cols_pad: usize,
+) -> (Vec<u8>, Vec<u8>) {
+    let mut out = vec![0u8; rows_pad * cols_pad];
+    let mut out_t = vec![0u8; rows_pad * cols_pad];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[r * cols_pad + c] = codes[r * cols + c];
+            out_t[c * rows_pad + r] = codes[r * cols + c];
+        }
+    }
+    (out, out_t)
+}
+
+/// Where two code buffers first differ, as "name[row, col]: gpu .. want ..".
+fn diff_2d(name: &str, got: &[u8], want: &[u8], width: usize) -> Option<String> {
+    first_diff(got, want).map(|i| {
+        format!(
+            "{name}[{}, {}]: gpu {:#04x} want {:#04x}",
+            i / width.max(1),
+            i % width.max(1),
+            got.get(i).copied().unwrap_or(0),
+            want.get(i).copied().unwrap_or(0)
+        )
+    })
+}
+
+/// One 2-D cast against the CPU: scale state, codes and transposed codes
+/// (padding included), for the orientations `outputs` asks for.
+#[allow(clippy::too_many_arguments)]
+fn compare_fp8_2d(
+    ctx: &CudaContext,
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    dtype: DType,
+    elem: ElemFormat,
+    pad_to: usize,
+    outputs: Fp8Outputs,
+) -> Result<(), String> {
+    let (xd, x) = device_input(ctx, x, dtype)?;
+    let q: Fp8Device2d =
+        gpu(ctx.quantize_fp8_2d(&xd, dtype, rows, cols, elem, false, pad_to, outputs))?;
+    let cpu = quantize_tensorwise(&x, &[rows, cols], elem, false, "x")
+        .map_err(|e| format!("CPU: {e}"))?;
+    let (rp, cp) = (rows.next_multiple_of(pad_to), cols.next_multiple_of(pad_to));
+    let mut bad = Vec::new();
+    if (q.rows_pad, q.cols_pad) != (rp, cp) {
+        bad.push(format!("padded shape {}x{}", q.rows_pad, q.cols_pad));
+    }
+    let (amax_g, scale, scale_inv) = gpu(q.read_scales(ctx))?;
+    if amax_g.to_bits() != amax(&x).to_bits()
+        || scale.to_bits() != cpu.scale.to_bits()
+        || scale_inv.to_bits() != cpu.scale_inv.to_bits()
+    {
+        bad.push(format!(
+            "scales (amax, scale, scale_inv) gpu ({amax_g:e}, {scale:e}, {scale_inv:e}) cpu ({:e}, {:e}, {:e})",
+            amax(&x),
+            cpu.scale,
+            cpu.scale_inv
+        ));
+    }
+    let (want, want_t) = padded_codes(&cpu.codes, rows, cols, rp, cp);
+    match (&q.codes, outputs.rows) {
+        (Some(b), true) => {
+            let got: Vec<u8> = gpu(ctx.download(b, rp * cp))?;
+            bad.extend(diff_2d("codes", &got, &want, cp));
+        }
+        (None, false) => {}
+        _ => bad.push("codes present unasked or missing".into()),
+    }
+    match (&q.codes_t, outputs.cols) {
+        (Some(b), true) => {
+            let got: Vec<u8> = gpu(ctx.download(b, rp * cp))?;
+            bad.extend(diff_2d("codes_t", &got, &want_t, rp));
+        }
+        (None, false) => {}
+        _ => bad.push("codes_t present unasked or missing".into()),
+    }
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{elem} {} {rows}x{cols} pad_to {pad_to}: {}",
+            dtype_name(dtype),
+            bad.join("; ")
+        ))
+    }
+}
+
+fn check_fp8_2d(ctx: &CudaContext, rep: &mut Report) {
+    // Shapes: single rows and columns, tails of the 16-column groups and of
+    // the 64x64 tiles, rows of a length that is a multiple of 8 but not 16
+    // (vector loads with a partial group), and odd lengths (element loads).
+    let shapes: [(usize, usize); 11] = [
+        (1, 1),
+        (1, 37),
+        (5, 3),
+        (17, 33),
+        (64, 64),
+        (65, 130),
+        (100, 24),
+        (3, 200),
+        (130, 67),
+        (128, 256),
+        (257, 96),
+    ];
+    let both = Fp8Outputs {
+        rows: true,
+        cols: true,
+    };
+    let r = (|| -> CheckResult {
+        let mut fails = Vec::new();
+        let mut n_cases = 0;
+        for (si, &(rows, cols)) in shapes.iter().enumerate() {
+            // Tensorwise FP8 needs a finite amax (the non-finite case is its
+            // own check below); mx_data's widest rows overflow f32 or, rounded to BF16, become Inf.
+            let wide: Vec<f32> = mx_data(rows, cols, 300 + si as u64, false)
+                .into_iter()
+                .map(|v| if v.abs() < 2f32.powi(127) { v } else { 0.0 })
+                .collect();
+            for dtype in [DType::F32, DType::BF16] {
+                for elem in FP8_FORMATS {
+                    for pad_to in [1usize, 16] {
+                        n_cases += 1;
+                        if let Err(e) =
+                            compare_fp8_2d(ctx, &wide, rows, cols, dtype, elem, pad_to, both)
+                        {
+                            fails.push(e);
+                        }
+                    }
+                }
+                // One orientation at a time.
+                for outputs in [
+                    Fp8Outputs {
+                        rows: true,
+                        cols: false,
+                    },
+                    Fp8Outputs {
+                        rows: false,
+                        cols: true,
+                    },
+                ] {
+                    n_cases += 1;
+                    let e4 = ElemFormat::E4M3FN;
+                    if let Err(e) = compare_fp8_2d(ctx, &wide, rows, cols, dtype, e4, 16, outputs) {
+                        fails.push(e);
+                    }
+                }
+            }
+        }
+        if fails.is_empty() {
+            Ok(format!(
+                "{n_cases} cases (f32/bf16 x 4 formats x pad_to 1/16, and each orientation alone; shapes {shapes:?}): scales, codes and transposed codes with zero padding bit-exact"
+            ))
+        } else {
+            let n = fails.len();
+            fails.truncate(4);
+            Err(format!(
+                "{n} of {n_cases} differ; first: {}",
+                fails.join(" | ")
+            ))
+        }
+    })();
+    rep.line("fp8 2-D cast (codes + transposed codes)", r);
+
+    // A NaN in the matrix: the padding stays the zero code and the amax is
+    // an error, as for the 1-D quantizer.
+    let r = (|| -> CheckResult {
+        let (rows, cols) = (5usize, 13usize);
+        let mut x = normal_data(rows * cols, 9, 1.0);
+        x[17] = f32::NAN;
+        let xd = gpu(ctx.upload(&x))?;
+        let q = gpu(ctx.quantize_fp8_2d(
+            &xd,
+            DType::F32,
+            rows,
+            cols,
+            ElemFormat::E4M3FN,
+            false,
+            16,
+            both,
+        ))?;
+        let (rp, cp) = (q.rows_pad, q.cols_pad);
+        let pad_nonzero = |b: &Option<DevBuf>, width: usize, real_r: usize, real_c: usize| {
+            let v: Vec<u8> = b
+                .as_ref()
+                .map(|b| gpu(ctx.download(b, rp * cp)))
+                .transpose()?
+                .unwrap_or_default();
+            Ok::<usize, String>(
+                v.iter()
+                    .enumerate()
+                    .filter(|&(i, &c)| (i / width >= real_r || i % width >= real_c) && c != 0)
+                    .count(),
+            )
+        };
+        let n1 = pad_nonzero(&q.codes, cp, rows, cols)?;
+        let n2 = pad_nonzero(&q.codes_t, rp, cols, rows)?;
+        let err = q.check_finite(ctx, "layer0.x");
+        if n1 + n2 > 0 || err.is_ok() {
+            return Err(format!(
+                "{n1} + {n2} non-zero padding codes, check_finite error: {}",
+                err.is_err()
+            ));
+        }
+        Ok(format!(
+            "padding stays zero, amax is an error: \"{}\"",
+            err.err().map(|e| e.to_string()).unwrap_or_default()
+        ))
+    })();
+    rep.line("fp8 2-D cast non-finite amax", r);
 }
 
 // ---------------------------------------------------------------------------
@@ -1053,4 +1354,148 @@ fn time_quantizers(ctx: &CudaContext, rep: &mut Report) {
         Ok(format!("{rows}x{len} f32: {}", lines.join(", ")))
     })();
     rep.line("quantizer speed", r);
+}
+
+/// Median of `runs` timings of `f` (after 3 warm-up calls), each behind a
+/// device-to-device copy of `delay` so that the host has queued the whole
+/// of `f` before the GPU reaches it: the time is the GPU's, not the launch
+/// latency's.
+fn median_ms(
+    ctx: &CudaContext,
+    delay: &DevBuf,
+    runs: usize,
+    f: &dyn Fn() -> Result<(), String>,
+) -> Result<f64, String> {
+    for _ in 0..3 {
+        f()?;
+    }
+    let half = delay.len_bytes() / 2;
+    let mut ms = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        copy_dtod(ctx, delay.ptr() + half as u64, delay.ptr(), half)?;
+        let t = gpu(ctx.timer())?;
+        f()?;
+        ms.push(gpu(t.stop_ms())? as f64);
+    }
+    ms.sort_by(f64::total_cmp);
+    Ok(ms[runs / 2])
+}
+
+/// cuMemcpyDtoDAsync on the context's stream.
+fn copy_dtod(ctx: &CudaContext, dst: u64, src: u64, bytes: usize) -> Result<(), String> {
+    let stream = ctx.stream();
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| format!("bind: {e:?}"))?;
+    // SAFETY: both ranges lie in live pool buffers of at least `bytes` bytes
+    // and do not overlap; the copy is ordered on the context's one stream.
+    unsafe {
+        cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream())
+            .map_err(|e| format!("cuMemcpyDtoDAsync: {e:?}"))
+    }
+}
+
+/// The quantizer speed lines a script parses, for an 8192x8192 tensor:
+/// `BENCH quantize <name> elems=<n> ms=<median> gbps=<bf16 input GB/s> copy_ratio=<copy ms / ms>`,
+/// the medians of 25 runs, beside a device-to-device copy of the BF16
+/// tensor. Then the bench outputs are checked against the CPU.
+fn bench_quantizers(ctx: &CudaContext, rep: &mut Report) {
+    let (rows, cols) = (8192usize, 8192usize);
+    let n = rows * cols;
+    let runs = 25;
+    let r = (|| -> CheckResult {
+        let x = normal_data(n, 4242, 1.0);
+        let (xb, xw) = device_input(ctx, &x, DType::BF16)?;
+        let xf = gpu(ctx.upload(&x))?;
+        let copy_dst = gpu(ctx.alloc(n * 2))?;
+        let delay = gpu(ctx.alloc(1 << 30))?;
+        let e4 = ElemFormat::E4M3FN;
+        let mx = MxConfig::mxfp4();
+        let both = Fp8Outputs {
+            rows: true,
+            cols: true,
+        };
+        type Job<'a> = (&'static str, Box<dyn Fn() -> Result<(), String> + 'a>);
+        let jobs: Vec<Job> = vec![
+            (
+                "copy_bf16",
+                Box::new(|| copy_dtod(ctx, copy_dst.ptr(), xb.ptr(), n * 2)),
+            ),
+            (
+                "mxfp4_1x32_even_bf16",
+                Box::new(|| {
+                    gpu(ctx.quantize_mx_rows_of(&xb, DType::BF16, rows, cols, &mx)).map(|_| ())
+                }),
+            ),
+            (
+                "fp8_tensorwise_e4m3_bf16",
+                Box::new(|| gpu(ctx.quantize_fp8_of(&xb, DType::BF16, n, e4, false)).map(|_| ())),
+            ),
+            (
+                "fp8_cast_2d_both_e4m3_bf16",
+                Box::new(|| {
+                    gpu(ctx.quantize_fp8_2d(&xb, DType::BF16, rows, cols, e4, false, 16, both))
+                        .map(|_| ())
+                }),
+            ),
+            (
+                "mxfp4_1x32_even_f32",
+                Box::new(|| {
+                    gpu(ctx.quantize_mx_rows_of(&xf, DType::F32, rows, cols, &mx)).map(|_| ())
+                }),
+            ),
+            (
+                "fp8_tensorwise_e4m3_f32",
+                Box::new(|| gpu(ctx.quantize_fp8_of(&xf, DType::F32, n, e4, false)).map(|_| ())),
+            ),
+        ];
+        let mut copy_ms = 0.0;
+        let mut summary = Vec::new();
+        for (name, f) in &jobs {
+            let ms = median_ms(ctx, &delay, runs, f.as_ref())?;
+            if *name == "copy_bf16" {
+                copy_ms = ms;
+            }
+            let gbps = n as f64 * 2.0 / 1e9 / (ms / 1e3);
+            println!(
+                "BENCH quantize {name} elems={n} ms={ms:.4} gbps={gbps:.1} copy_ratio={:.3}",
+                copy_ms / ms
+            );
+            summary.push(format!("{name} {:.3}x", copy_ms / ms));
+        }
+        // The timed kernels at this size must still be exact.
+        let mut bad = Vec::new();
+        let q = gpu(ctx.quantize_mx_rows_of(&xb, DType::BF16, rows, cols, &mx))?;
+        let cpu = quantize_rows(&xw, rows, cols, &mx).map_err(|e| e.to_string())?;
+        let codes: Vec<u8> = gpu(ctx.download(&q.codes, q.code_bytes()))?;
+        let scales: Vec<u8> = gpu(ctx.download(&q.scales, q.nblocks()))?;
+        if codes != cpu.codes || scales != cpu.scales {
+            bad.push("mxfp4 bf16 codes or scales differ from the CPU");
+        }
+        let cpu =
+            quantize_tensorwise(&xw, &[rows, cols], e4, false, "x").map_err(|e| e.to_string())?;
+        let q = gpu(ctx.quantize_fp8_of(&xb, DType::BF16, n, e4, false))?;
+        let codes: Vec<u8> = gpu(ctx.download(&q.codes, n))?;
+        let (_, scale, _) = gpu(q.read_scales(ctx))?;
+        if codes != cpu.codes || scale.to_bits() != cpu.scale.to_bits() {
+            bad.push("fp8 bf16 codes or scale differ from the CPU");
+        }
+        let q = gpu(ctx.quantize_fp8_2d(&xb, DType::BF16, rows, cols, e4, false, 16, both))?;
+        let (want, want_t) = padded_codes(&cpu.codes, rows, cols, rows, cols);
+        let got: Vec<u8> = gpu(ctx.download(q.codes.as_ref().ok_or("no codes")?, n))?;
+        let got_t: Vec<u8> = gpu(ctx.download(q.codes_t.as_ref().ok_or("no codes_t")?, n))?;
+        if got != want || got_t != want_t {
+            bad.push("fp8 2-D bf16 codes or transposed codes differ from the CPU");
+        }
+        if bad.is_empty() {
+            Ok(format!(
+                "{rows}x{cols}, medians of {runs} (copy {copy_ms:.4} ms): {}; outputs bit-exact",
+                summary.join(", ")
+            ))
+        } else {
+            Err(bad.join("; "))
+        }
+    })();
+    rep.line("quantizer bench", r);
 }

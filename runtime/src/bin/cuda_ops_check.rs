@@ -20,16 +20,30 @@
 //! - gradients: 1e-5 max|ref| + 8 ulp in f32, 2^-7 max|ref| + 1 BF16 ulp in
 //!   BF16 (a 1-ulp flip of an intermediate BF16 rounding propagates).
 //!
+//! Matmuls (`CudaStorage::matmul`: one strided-batched cuBLASLt call, the
+//! operands read in place or packed once) are checked on attention shapes
+//! (`[8,6,256,64]`, `k^T` views, q/k/v views of a fused `[B,L,3,H,D]`
+//! projection), odd sizes, batch dims that do not coalesce, offsets and
+//! padded rows; a check fails if any of them missed cuBLASLt. The `gemm`
+//! checks call [`CudaContext::gemm`] directly (transposes, batches, shared
+//! b, offsets, bias epilogue into BF16 and f32, FP8 TN and its refusals)
+//! against an f64 reference with the accumulation bound above, over k + 1
+//! terms (the bias), plus 2^-9 sum|terms| for FP8 (as in cuda_check).
+//!
 //! Prints one line per check and `summary: N passed, M failed`; exits 1 on a
-//! failure and 2 when there is no usable GPU.
+//! failure and 2 when there is no usable GPU. Before the summary it prints
+//! timings of attention-shaped BF16 matmuls as `BENCH matmul <name>
+//! ms=<median> tflops=<...>`.
 
 use std::process::ExitCode;
 use std::time::Instant;
 
 use mxswitch_runtime::backend::{BackendDevice, BackendStorage};
 use mxswitch_runtime::cpu::{CpuDevice, CpuStorage};
-use mxswitch_runtime::cuda::CudaDevice;
-use mxswitch_runtime::formats::bf16;
+use mxswitch_runtime::cuda::gemm::{GemmBias, GemmSpec, MatLayout};
+use mxswitch_runtime::cuda::storage::matmul_fallbacks;
+use mxswitch_runtime::cuda::{CudaContext, CudaDevice, CudaError, DevBuf, GemmDType, GemmOperand};
+use mxswitch_runtime::formats::{bf16, ElemFormat};
 use mxswitch_runtime::{DType, Device, Layout, Param, Result, Shape, Tensor};
 
 const GPU: Device = Device::Cuda(0);
@@ -392,6 +406,13 @@ fn run_case(c: &Case, dtype: DType, seed: u64, rep: &mut Report) {
     rep.line(&format!("bwd {tag} [{tol}]"), bwd);
 }
 
+/// Part `i` (0 = q, 1 = k, 2 = v) of a fused `[B, L, 3, H, D]` projection
+/// as the `[B, H, L, D]` view attention multiplies: batch dims that do not
+/// coalesce and an offset.
+fn qkv(x: &Tensor, i: usize) -> Result<Tensor> {
+    x.narrow(2, i, 1)?.squeeze(2)?.permute(&[0, 2, 1, 3])
+}
+
 fn cases() -> Vec<Case> {
     use Dist::*;
     let u = |name, d, f: fn(&Tensor) -> Result<Tensor>, tol| {
@@ -511,6 +532,69 @@ fn cases() -> Vec<Case> {
             vec![inp(&[200, 128], Sym, true), inp(&[200, 96], Sym, true)],
             Tol::Accum(200),
             |x| x[0].t()?.matmul(&x[1]),
+        ),
+        case(
+            "matmul(attention [8,6,256,64] x [8,6,64,256])",
+            vec![
+                inp(&[8, 6, 256, 64], Sym, true),
+                inp(&[8, 6, 64, 256], Sym, true),
+            ],
+            Tol::Accum(64),
+            |x| x[0].matmul(&x[1]),
+        ),
+        case(
+            "matmul(q k^T, k transposed view)",
+            vec![
+                inp(&[8, 6, 256, 64], Sym, true),
+                inp(&[8, 6, 256, 64], Sym, true),
+            ],
+            Tol::Accum(64),
+            |x| x[0].matmul(&x[1].transpose(-1, -2)?),
+        ),
+        case(
+            "matmul(q k^T, q k from a [B,L,3,H,D] view)",
+            vec![inp(&[2, 32, 3, 4, 16], Sym, true)],
+            Tol::Accum(16),
+            |x| qkv(&x[0], 0)?.matmul(&qkv(&x[0], 1)?.transpose(-1, -2)?),
+        ),
+        case(
+            "matmul(p v, v from a [B,L,3,H,D] view)",
+            vec![
+                inp(&[2, 4, 32, 32], Sym, true),
+                inp(&[2, 32, 3, 4, 16], Sym, true),
+            ],
+            Tol::Accum(32),
+            |x| x[0].matmul(&qkv(&x[1], 2)?),
+        ),
+        case(
+            "matmul(odd 7x13x5)",
+            vec![inp(&[7, 13], Sym, true), inp(&[13, 5], Sym, true)],
+            Tol::Accum(13),
+            |x| x[0].matmul(&x[1]),
+        ),
+        case(
+            "matmul(odd batched, a^T and b^T views)",
+            vec![inp(&[3, 13, 7], Sym, true), inp(&[3, 5, 13], Sym, true)],
+            Tol::Accum(13),
+            |x| x[0].transpose(-1, -2)?.matmul(&x[1].transpose(-1, -2)?),
+        ),
+        case(
+            "matmul(batch dims that do not coalesce)",
+            vec![
+                inp(&[3, 4, 7, 13], Sym, true),
+                inp(&[4, 3, 13, 5], Sym, true),
+            ],
+            Tol::Accum(13),
+            |x| x[0].transpose(0, 1)?.matmul(&x[1]),
+        ),
+        case(
+            "matmul(narrowed views: odd offsets and padded rows)",
+            vec![
+                inp(&[2, 5, 9, 16], Sym, true),
+                inp(&[2, 5, 12, 8], Sym, true),
+            ],
+            Tol::Accum(11),
+            |x| x[0].narrow(3, 3, 11)?.matmul(&x[1].narrow(2, 1, 11)?),
         ),
         case(
             "concat(axis 1, strided part)",
@@ -759,6 +843,422 @@ fn backend_checks(dev: &CudaDevice, rep: &mut Report) {
     rep.line("to_dtype f32->bf16 special values [exact bits]", r);
 }
 
+/// One direct [`CudaContext::gemm`] call against an f64 reference, with
+/// element offsets, padded rows and gaps between batch matrices, so every
+/// [`MatLayout`] field is exercised.
+struct GemmCase {
+    name: &'static str,
+    /// Type of both operands.
+    dtype: GemmDType,
+    out: GemmDType,
+    m: usize,
+    n: usize,
+    k: usize,
+    batch: usize,
+    /// a stored `[K, M]`, b stored `[K, N]`.
+    a_t: bool,
+    b_t: bool,
+    /// b's batch stride is 0 (one b for the whole batch).
+    b_shared: bool,
+    /// Per a, b, y: element offset, row padding, gap after each matrix.
+    pads: [(usize, usize, usize); 3],
+    bias: Option<GemmDType>,
+    /// The call must be refused with `CudaError::Invalid`.
+    invalid: bool,
+}
+
+/// The layout of `batch` matrices of logical `rows x cols` (stored the
+/// other way when `t`) and the buffer length it needs.
+fn gemm_mat(
+    rows: usize,
+    cols: usize,
+    t: bool,
+    (off, pad, gap): (usize, usize, usize),
+    batch: usize,
+    shared: bool,
+) -> (MatLayout, usize) {
+    let (sr, sc) = if t { (cols, rows) } else { (rows, cols) };
+    let ld = sc + pad;
+    let per = sr * ld + gap;
+    let l = MatLayout {
+        offset_elems: off,
+        ld,
+        batch_stride: if shared { 0 } else { per },
+        transposed: t,
+    };
+    (l, off + if shared { 1 } else { batch } * per)
+}
+
+/// Buffer index of logical element (r, c) of matrix `bi`.
+fn gemm_pos(l: &MatLayout, bi: usize, r: usize, c: usize) -> usize {
+    let (sr, sc) = if l.transposed { (c, r) } else { (r, c) };
+    l.offset_elems + bi * l.batch_stride + sr * l.ld + sc
+}
+
+/// Random values exact in `t`, and the buffer holding them.
+fn gemm_upload(
+    ctx: &CudaContext,
+    rng: &mut Rng,
+    len: usize,
+    t: GemmDType,
+) -> std::result::Result<(Vec<f32>, DevBuf), String> {
+    let raw = sample(rng, len, Dist::Sym);
+    let up = |r: std::result::Result<DevBuf, CudaError>| r.map_err(|e| e.to_string());
+    Ok(match t {
+        GemmDType::F32 => (raw.clone(), up(ctx.upload(&raw))?),
+        GemmDType::Bf16 => {
+            let bits: Vec<u16> = raw.iter().map(|&v| bf16::from_f32(v)).collect();
+            (
+                bits.iter().map(|&b| bf16::to_f32(b)).collect(),
+                up(ctx.upload(&bits))?,
+            )
+        }
+        GemmDType::Fp8E4M3 | GemmDType::Fp8E5M2 => {
+            let f = if t == GemmDType::Fp8E4M3 {
+                ElemFormat::E4M3FN
+            } else {
+                ElemFormat::E5M2
+            };
+            let codes: Vec<u8> = raw.iter().map(|&v| f.encode(v)).collect();
+            (
+                codes.iter().map(|&c| f.decode(c)).collect(),
+                up(ctx.upload(&codes))?,
+            )
+        }
+    })
+}
+
+fn gemm_case(ctx: &CudaContext, c: &GemmCase, seed: u64) -> std::result::Result<String, String> {
+    let mut rng = Rng(seed);
+    let (m, n, k, batch) = (c.m, c.n, c.k, c.batch);
+    let (la, len_a) = gemm_mat(m, k, c.a_t, c.pads[0], batch, false);
+    let (lb, len_b) = gemm_mat(n, k, c.b_t, c.pads[1], batch, c.b_shared);
+    let (ly, len_y) = gemm_mat(m, n, false, c.pads[2], batch, false);
+    let (av, abuf) = gemm_upload(ctx, &mut rng, len_a, c.dtype)?;
+    let (bv, bbuf) = gemm_upload(ctx, &mut rng, len_b, c.dtype)?;
+    let (biasv, biasbuf) = match c.bias {
+        Some(t) => {
+            let (v, b) = gemm_upload(ctx, &mut rng, n, t)?;
+            (v, Some((b, t)))
+        }
+        None => (vec![0.0; n], None),
+    };
+    let fp8 = c.dtype.is_fp8();
+    let (sa, sb) = if fp8 { (0.5f32, 0.25f32) } else { (1.0, 1.0) };
+    let scales = ctx.upload(&[sa, sb]).map_err(|e| e.to_string())?;
+    let scale_inv = |i: u64| fp8.then(|| scales.ptr() + 4 * i);
+    // y starts as a sentinel (exact in BF16), so writes outside its matrices show.
+    const SENTINEL: f32 = 4096.0;
+    let ybuf = match c.out {
+        GemmDType::F32 => ctx.upload(&vec![SENTINEL; len_y]),
+        _ => ctx.upload(&vec![bf16::from_f32(SENTINEL); len_y]),
+    }
+    .map_err(|e| e.to_string())?;
+    let spec = GemmSpec {
+        m,
+        n,
+        k,
+        batch,
+        a: la,
+        b: lb,
+        y: ly,
+        bias: biasbuf
+            .as_ref()
+            .map(|(buf, dtype)| GemmBias { buf, dtype: *dtype }),
+    };
+    let op = |buf, i| GemmOperand {
+        buf,
+        dtype: c.dtype,
+        scale_inv: scale_inv(i),
+    };
+    let r = ctx.gemm(&op(&abuf, 0), &op(&bbuf, 1), &spec, &ybuf, c.out);
+    if c.invalid {
+        return match r {
+            Err(CudaError::Invalid(m)) => Ok(format!("refused as expected: {m}")),
+            Err(e) => Err(format!("expected an invalid-argument error, got: {e}")),
+            Ok(()) => Err("expected an invalid-argument error, the call ran".into()),
+        };
+    }
+    r.map_err(|e| e.to_string())?;
+    let got: Vec<f32> = match c.out {
+        GemmDType::F32 => ctx.download::<f32>(&ybuf, len_y),
+        _ => ctx
+            .download::<u16>(&ybuf, len_y)
+            .map(|v| v.iter().map(|&b| bf16::to_f32(b)).collect()),
+    }
+    .map_err(|e| e.to_string())?;
+    let mut written = vec![false; len_y];
+    let (mut cpu, mut gpu, mut bound) = (vec![], vec![], vec![]);
+    // f32 accumulation of k products and the bias; FP8 tensor cores keep
+    // ~14 bits inside one MMA before promoting (as in cuda_check).
+    let acc = (k + 1) as f64 * 2f64.powi(-23) + if fp8 { 2f64.powi(-9) } else { 0.0 };
+    let scale = f64::from(sa) * f64::from(sb);
+    for bi in 0..batch {
+        let bb = if c.b_shared { 0 } else { bi };
+        for i in 0..m {
+            for j in 0..n {
+                let (mut r, mut mag) = (f64::from(biasv[j]), f64::from(biasv[j].abs()));
+                for p in 0..k {
+                    let t = f64::from(av[gemm_pos(&la, bi, i, p)])
+                        * f64::from(bv[gemm_pos(&lb, bb, j, p)])
+                        * scale;
+                    r += t;
+                    mag += t.abs();
+                }
+                let at = gemm_pos(&ly, bi, i, j);
+                written[at] = true;
+                cpu.push(r as f32);
+                gpu.push(got[at]);
+                bound.push((acc * mag) as f32);
+            }
+        }
+    }
+    if let Some(at) = (0..len_y).find(|&i| !written[i] && got[i] != SENTINEL) {
+        return Err(format!(
+            "element {at} outside y's matrices was overwritten ({})",
+            got[at]
+        ));
+    }
+    let bf = c.out == GemmDType::Bf16;
+    compare(&cpu, &gpu, |i| {
+        bound[i]
+            + f32_ulp(cpu[i])
+            + if bf {
+                bf16_ulp(cpu[i].abs().max(gpu[i].abs()))
+            } else {
+                0.0
+            }
+    })
+}
+
+/// [`CudaContext::gemm`] directly: every transpose combination, batches
+/// (strided and with a shared b), offsets and padded rows, the bias
+/// epilogue with BF16 and f32 outputs, FP8 (TN only) and its refusals.
+fn gemm_checks(ctx: &CudaContext, rep: &mut Report) {
+    use GemmDType::{Bf16, Fp8E4M3, F32};
+    let base = GemmCase {
+        name: "",
+        dtype: Bf16,
+        out: Bf16,
+        m: 64,
+        n: 48,
+        k: 40,
+        batch: 1,
+        a_t: false,
+        b_t: false,
+        b_shared: false,
+        pads: [(0, 0, 0); 3],
+        bias: None,
+        invalid: false,
+    };
+    let fp8_pads = [(16, 16, 32), (32, 16, 16), (8, 8, 8)];
+    // cuBLASLt (13.x, Hopper) has no f32 bias with a BF16 output and no
+    // f32 bias with FP8 operands (seen on the H200: the heuristic refuses);
+    // the linears add the bias after an f32 GEMM there. Those combinations
+    // are not cases here.
+    let cases = [
+        GemmCase {
+            name: "bf16 TN batch=3 + f32 bias -> f32",
+            out: F32,
+            batch: 3,
+            bias: Some(F32),
+            ..base
+        },
+        GemmCase {
+            name: "bf16 a^T b^T, offsets, padded rows, batch=4 + f32 bias -> f32",
+            out: F32,
+            m: 33,
+            n: 20,
+            k: 17,
+            batch: 4,
+            a_t: true,
+            b_t: true,
+            pads: [(3, 5, 7), (1, 2, 3), (5, 3, 11)],
+            bias: Some(F32),
+            ..base
+        },
+        GemmCase {
+            name: "bf16 b^T, odd 7x13x5, batch=2 -> bf16",
+            m: 7,
+            n: 13,
+            k: 5,
+            batch: 2,
+            b_t: true,
+            pads: [(1, 0, 1), (0, 1, 0), (0, 0, 0)],
+            ..base
+        },
+        GemmCase {
+            name: "bf16 a^T, batch=1 + f32 bias -> f32",
+            out: F32,
+            m: 40,
+            n: 24,
+            k: 72,
+            a_t: true,
+            bias: Some(F32),
+            ..base
+        },
+        GemmCase {
+            name: "bf16 shared b (x w^T folded), batch=5 + f32 bias -> f32",
+            out: F32,
+            m: 24,
+            n: 40,
+            k: 32,
+            batch: 5,
+            b_shared: true,
+            bias: Some(F32),
+            ..base
+        },
+        GemmCase {
+            name: "bf16 shared b, a^T (batch stride 0), batch=3 -> f32",
+            out: F32,
+            m: 24,
+            n: 40,
+            k: 32,
+            batch: 3,
+            a_t: true,
+            b_shared: true,
+            ..base
+        },
+        GemmCase {
+            name: "f32 b^T, padded, batch=2 + f32 bias -> f32",
+            dtype: F32,
+            out: F32,
+            m: 50,
+            n: 30,
+            k: 70,
+            batch: 2,
+            b_t: true,
+            pads: [(2, 1, 0), (0, 3, 5), (1, 0, 2)],
+            bias: Some(F32),
+            ..base
+        },
+        GemmCase {
+            name: "e4m3 TN, offsets, padded, batch=2 -> bf16",
+            dtype: Fp8E4M3,
+            m: 32,
+            n: 48,
+            k: 64,
+            batch: 2,
+            pads: fp8_pads,
+            ..base
+        },
+        GemmCase {
+            name: "e4m3 TN, batch=1 -> f32",
+            dtype: Fp8E4M3,
+            out: F32,
+            m: 32,
+            n: 48,
+            k: 64,
+            ..base
+        },
+        GemmCase {
+            name: "e4m3 TN, batch=3 -> f32",
+            dtype: Fp8E4M3,
+            out: F32,
+            m: 48,
+            n: 32,
+            k: 96,
+            batch: 3,
+            pads: [(16, 16, 32), (32, 16, 16), (16, 16, 16)],
+            ..base
+        },
+        GemmCase {
+            name: "e4m3 a^T refused",
+            dtype: Fp8E4M3,
+            m: 32,
+            n: 48,
+            k: 64,
+            a_t: true,
+            invalid: true,
+            ..base
+        },
+        GemmCase {
+            name: "e4m3 8-byte offset refused",
+            dtype: Fp8E4M3,
+            m: 32,
+            n: 48,
+            k: 64,
+            pads: [(8, 0, 0), (0, 0, 0), (0, 0, 0)],
+            invalid: true,
+            ..base
+        },
+    ];
+    for (i, c) in cases.iter().enumerate() {
+        let tol = if c.invalid {
+            "CudaError::Invalid".to_string()
+        } else {
+            format!(
+                "(k+1) 2^-23{} sum|terms| + 1 ulp{}",
+                if c.dtype.is_fp8() { " + 2^-9" } else { "" },
+                if c.out == Bf16 { " + 1 bf16 ulp" } else { "" }
+            )
+        };
+        rep.line(
+            &format!("gemm {} [{tol}]", c.name),
+            gemm_case(ctx, c, 500 + i as u64),
+        );
+    }
+}
+
+/// Median time of attention-shaped BF16 matmuls through the tensor API
+/// (output allocation and any packing included), printed as
+/// `BENCH matmul <name> ms=<median> tflops=<...>`.
+fn matmul_bench(rep: &mut Report) {
+    let (b, h, l, d) = (8, 6, 512, 64);
+    let r = (|| -> Result<()> {
+        let bf = |shape: &[usize], seed| -> Result<Tensor> {
+            let v = sample(&mut Rng(seed), shape.iter().product(), Dist::Sym);
+            tensor(&v, shape, DType::BF16, &GPU)
+        };
+        let q = bf(&[b, h, l, d], 1)?;
+        let k = bf(&[b, h, l, d], 2)?;
+        let kt = bf(&[b, h, d, l], 3)?;
+        let p = bf(&[b, h, l, l], 4)?.affine(1.0 / l as f32, 0.0)?;
+        let v = bf(&[b, h, l, d], 5)?;
+        let fused = bf(&[b, l, 3, h, d], 6)?;
+        let (fq, fk, fv) = (qkv(&fused, 0)?, qkv(&fused, 1)?, qkv(&fused, 2)?);
+        let qk_flops = 2.0 * (b * h * l * l * d) as f64;
+        type Mm<'a> = Box<dyn Fn() -> Result<Tensor> + 'a>;
+        let runs: Vec<(&str, Mm)> = vec![
+            ("qk_contiguous_8x6x512x64", Box::new(|| q.matmul(&kt))),
+            (
+                "qk_t_view_8x6x512x64",
+                Box::new(|| q.matmul(&k.transpose(-1, -2)?)),
+            ),
+            ("av_8x6x512x512x64", Box::new(|| p.matmul(&v))),
+            (
+                "qk_t_from_qkv_view",
+                Box::new(|| fq.matmul(&fk.transpose(-1, -2)?)),
+            ),
+            ("av_v_from_qkv_view", Box::new(|| p.matmul(&fv))),
+        ];
+        let ctx = CudaDevice::get(0)?.context().clone();
+        let cuda = |e: CudaError| mxswitch_runtime::Error::Backend(e.to_string());
+        for (name, f) in &runs {
+            for _ in 0..3 {
+                f()?;
+            }
+            let mut ms = vec![];
+            for _ in 0..20 {
+                let t = ctx.timer().map_err(cuda)?;
+                let y = f()?;
+                ms.push(f64::from(t.stop_ms().map_err(cuda)?));
+                drop(y);
+            }
+            ms.sort_by(f64::total_cmp);
+            let med = ms[ms.len() / 2];
+            println!(
+                "BENCH matmul {name} ms={med:.4} tflops={:.1}",
+                qk_flops / (med * 1e-3) / 1e12
+            );
+        }
+        Ok(())
+    })();
+    if let Err(e) = r {
+        rep.line("matmul bench", Err(err(e)));
+    }
+}
+
 fn main() -> ExitCode {
     let t0 = Instant::now();
     let dev = match CudaDevice::get(0) {
@@ -775,7 +1275,20 @@ fn main() -> ExitCode {
             run_case(c, dtype, 1000 + k as u64, &mut rep);
         }
     }
+    let [retries, tiled] = matmul_fallbacks();
+    rep.line(
+        "matmul path [every matmul above in one cuBLASLt call]",
+        if retries + tiled == 0 {
+            Ok("no cuBLASLt refusals".into())
+        } else {
+            Err(format!(
+                "cuBLASLt refused {retries} first attempts; {tiled} matmuls ran the tiled kernel"
+            ))
+        },
+    );
     backend_checks(&dev, &mut rep);
+    gemm_checks(dev.context(), &mut rep);
+    matmul_bench(&mut rep);
     println!(
         "summary: {} passed, {} failed ({:.1} s)",
         rep.passed,

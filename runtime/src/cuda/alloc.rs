@@ -43,6 +43,8 @@ pub struct PoolStats {
     pub bytes_in_use: usize,
     /// Bytes sitting in the free lists.
     pub bytes_cached: usize,
+    /// The most `bytes_in_use` has been: the peak memory of the tensors.
+    pub peak_bytes_in_use: usize,
 }
 
 pub(crate) struct Pool {
@@ -83,6 +85,7 @@ impl Pool {
                 st.stats.reuses += 1;
                 st.stats.bytes_cached -= class;
                 st.stats.bytes_in_use += class;
+                st.stats.peak_bytes_in_use = st.stats.peak_bytes_in_use.max(st.stats.bytes_in_use);
                 return Ok(self.wrap(ptr, bytes, class));
             }
         }
@@ -105,6 +108,7 @@ impl Pool {
         let mut st = self.lock();
         st.stats.device_allocs += 1;
         st.stats.bytes_in_use += class;
+        st.stats.peak_bytes_in_use = st.stats.peak_bytes_in_use.max(st.stats.bytes_in_use);
         Ok(self.wrap(ptr, bytes, class))
     }
 

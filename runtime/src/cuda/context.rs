@@ -84,6 +84,7 @@ pub(crate) struct Inner {
     // Field order is drop order: everything that holds device memory or
     // handles goes before the driver context.
     pub(crate) blas: Mutex<Option<Blas>>,
+    deferred: Mutex<DeferredChecks>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     pub(crate) pool: Arc<Pool>,
@@ -169,6 +170,7 @@ impl CudaContext {
         Ok(CudaContext {
             inner: Arc::new(Inner {
                 blas: Mutex::new(None),
+                deferred: Mutex::new(DeferredChecks::default()),
                 functions: Mutex::new(HashMap::new()),
                 modules: Mutex::new(HashMap::new()),
                 pool,
@@ -220,8 +222,68 @@ impl CudaContext {
         Ok(buf)
     }
 
-    /// Copies the first `n` elements of `buf` to the host (waits for the stream).
+    /// Copies the first `n` elements of `buf` to the host (waits for the
+    /// stream), then raises any deferred non-finite amax
+    /// ([`CudaContext::check_deferred`]).
     pub fn download<T: DeviceRepr + Default + Clone>(
+        &self,
+        buf: &DevBuf,
+        n: usize,
+    ) -> Result<Vec<T>> {
+        let out = self.download_unchecked(buf, n)?;
+        self.check_deferred()?;
+        Ok(out)
+    }
+
+    /// Records that the f32 amax at device address `amax` must be finite,
+    /// or else training fails with SPEC section 3's error naming `label`.
+    /// Stream-ordered, no wait: the word is copied into a device log that the
+    /// next read-back or [`CudaContext::check_deferred`] inspects.
+    pub fn defer_finite_check(&self, amax: u64, label: String) -> Result<()> {
+        if lock(&self.inner.deferred).labels.len() == DEFERRED_SLOTS {
+            self.check_deferred()?;
+        }
+        let mut d = lock(&self.inner.deferred);
+        if d.log.is_none() {
+            d.log = Some(self.alloc(DEFERRED_SLOTS * 4)?);
+        }
+        let slot = d.log.as_ref().expect("allocated above").ptr() + 4 * d.labels.len() as u64;
+        self.bind()?;
+        // SAFETY: `slot` is inside the log and `amax` is a live f32 on this stream.
+        unsafe { dresult::memcpy_dtod_async(slot, amax, 4, self.inner.stream.cu_stream()) }
+            .map_err(driver_err("cuMemcpyDtoDAsync"))?;
+        d.labels.push(label);
+        Ok(())
+    }
+
+    /// Waits for the stream and fails with [`crate::Error::NonFiniteAmax`]
+    /// for the first recorded amax that is NaN or infinite; clears the log.
+    pub fn check_deferred(&self) -> Result<()> {
+        let (log, labels) = {
+            let mut d = lock(&self.inner.deferred);
+            if d.labels.is_empty() {
+                return Ok(());
+            }
+            (d.log.take(), std::mem::take(&mut d.labels))
+        };
+        let log = log.expect("a log exists while labels are pending");
+        let words: Vec<u32> = self.download_unchecked(&log, labels.len())?;
+        lock(&self.inner.deferred).log = Some(log);
+        match words
+            .iter()
+            .zip(labels)
+            .find(|(w, _)| !f32::from_bits(**w).is_finite())
+        {
+            Some((w, label)) => Err(crate::Error::NonFiniteAmax {
+                tensor: label,
+                amax: f32::from_bits(*w),
+            }
+            .into()),
+            None => Ok(()),
+        }
+    }
+
+    fn download_unchecked<T: DeviceRepr + Default + Clone>(
         &self,
         buf: &DevBuf,
         n: usize,
@@ -332,6 +394,16 @@ impl GpuTimer {
             .elapsed_ms(&self.end)
             .map_err(driver_err("cuEventElapsedTime"))
     }
+}
+
+/// Slots of the deferred finite-check log (a check runs when it is full).
+const DEFERRED_SLOTS: usize = 4096;
+
+/// Amax words awaiting a finite check, and the tensor each one names.
+#[derive(Default)]
+struct DeferredChecks {
+    log: Option<DevBuf>,
+    labels: Vec<String>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

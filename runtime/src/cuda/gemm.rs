@@ -1,10 +1,20 @@
 //! cuBLASLt GEMMs: `y[M, N] = a[M, K] · b[N, K]^T` with f32 accumulation,
-//! for BF16 operands and for FP8 operands with per-tensor scales.
+//! for f32, BF16 and FP8 operands (FP8 with per-tensor scales), optionally
+//! strided-batched and with a bias added in the epilogue.
 //!
-//! Row-major `y = a · b^T` with both operands K-contiguous is, in cuBLAS's
-//! column-major terms, `y^T[N, M] = op(A) · op(B)` with A = b stored K x N
-//! (`transa = T`), B = a stored K x M (`transb = N`) and D = y^T stored N x M
-//! (ld = N): the "TN" layout, the only one Hopper supports for FP8.
+//! Row-major `y = a · b^T` is, in cuBLAS's column-major terms,
+//! `y^T[N, M] = op(A) · op(B)` with A = b, B = a and D = y^T (ld = y's row
+//! stride). An operand stored K-contiguous (a as `[M, K]`, b as `[N, K]`) is
+//! a column-major K x rows matrix, so `transa = T`, `transb = N`: the "TN"
+//! layout, the only one Hopper supports for FP8. An operand stored the other
+//! way ([`MatLayout::transposed`]: a as `[K, M]`, b as `[K, N]`) flips its
+//! `trans` flag instead of being copied; f32 and BF16 take every combination.
+//!
+//! A batch is one call: `CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT` and
+//! `CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET` on every layout (stride 0
+//! reuses one matrix for the whole batch). The bias (`CUBLASLT_EPILOGUE_BIAS`)
+//! is a vector of N values added to every row of y: cuBLASLt adds it to the
+//! f32 accumulator and rounds once to y's type.
 //!
 //! Settings that work for FP8 on Hopper (sm_90):
 //! - compute type `CUBLAS_COMPUTE_32F`, scale type `CUDA_R_32F`;
@@ -13,15 +23,22 @@
 //! - C and D of the output type (`CUDA_R_16BF` or `CUDA_R_32F`), beta = 0;
 //! - `A_SCALE_POINTER` / `B_SCALE_POINTER`: device pointers to f32 scale_inv
 //!   of each operand, so D = alpha · scale_a · scale_b · (A · B);
-//! - M, N, K multiples of 16 and 16-byte aligned pointers;
+//! - M, N, K multiples of 16 and 16-byte aligned pointers, leading dims and
+//!   batch strides;
 //! - a workspace (32 MiB, NVIDIA's recommendation for Hopper) announced via
 //!   `CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES`;
 //! - `FAST_ACCUM` left at its default 0: the partial sums of the FP8 tensor
 //!   cores are promoted to f32 regularly (slower than fast accumulation, but
 //!   the accuracy the SPEC's "f32 accumulation" asks for).
 //!
-//! A plan (descriptors + heuristic algorithm) is cached per shape and dtypes,
-//! so the heuristic runs once per shape.
+//! cuBLASLt's heuristic assumes 256-byte aligned matrices unless told
+//! otherwise, so the actual alignment of every matrix start (pointer, element
+//! offset and batch stride) is announced with
+//! `CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES` and is part of the plan key.
+//!
+//! A plan (descriptors + heuristic algorithm) is cached per shape, batch,
+//! dtypes, layouts, alignments and bias type, so the heuristic runs once per
+//! kind of call; the scale and bias pointers are set on every call.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -75,7 +92,8 @@ impl GemmDType {
     }
 }
 
-/// One operand: `rows x K` elements, K contiguous.
+/// One operand: its buffer and element type; where its matrices sit is the
+/// [`MatLayout`] of the [`GemmSpec`] (packed `rows x K` for [`CudaContext::gemm_nt`]).
 #[derive(Clone, Copy, Debug)]
 pub struct GemmOperand<'a> {
     pub buf: &'a DevBuf,
@@ -85,17 +103,104 @@ pub struct GemmOperand<'a> {
     pub scale_inv: Option<u64>,
 }
 
+/// Where the matrices of an operand or of the output sit in their buffer,
+/// in elements of its type. Row-major: a is `[M, K]`, b is `[N, K]`, y is
+/// `[M, N]`, or, when `transposed`, a is stored `[K, M]` and b `[K, N]`
+/// (y cannot be transposed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MatLayout {
+    /// Start of the first matrix.
+    pub offset_elems: usize,
+    /// Distance between stored rows, at least the stored row length.
+    pub ld: usize,
+    /// Distance between the matrices of a batch; 0 reuses one matrix.
+    pub batch_stride: usize,
+    pub transposed: bool,
+}
+
+impl MatLayout {
+    /// Packed row-major `rows x cols` matrices, one after the other.
+    pub fn packed(rows: usize, cols: usize) -> MatLayout {
+        MatLayout {
+            offset_elems: 0,
+            ld: cols,
+            batch_stride: rows * cols,
+            transposed: false,
+        }
+    }
+}
+
+/// A bias of N values (f32 in our models: the master weights), added to
+/// every row of y in the epilogue.
+#[derive(Clone, Copy, Debug)]
+pub struct GemmBias<'a> {
+    pub buf: &'a DevBuf,
+    pub dtype: GemmDType,
+}
+
+/// Shape and layouts of one [`CudaContext::gemm`] call: `batch` products
+/// `y[M, N] = a[M, K] · b[N, K]^T (+ bias)`.
+#[derive(Clone, Copy, Debug)]
+pub struct GemmSpec<'a> {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// Number of products; 1 is a single GEMM.
+    pub batch: usize,
+    pub a: MatLayout,
+    pub b: MatLayout,
+    pub y: MatLayout,
+    pub bias: Option<GemmBias<'a>>,
+}
+
+impl GemmSpec<'_> {
+    /// One GEMM of packed K-contiguous operands into a packed y, no bias
+    /// (what [`CudaContext::gemm_nt`] runs).
+    pub fn nt(m: usize, n: usize, k: usize) -> GemmSpec<'static> {
+        GemmSpec {
+            m,
+            n,
+            k,
+            batch: 1,
+            a: MatLayout::packed(m, k),
+            b: MatLayout::packed(n, k),
+            y: MatLayout::packed(m, n),
+            bias: None,
+        }
+    }
+
+    /// `(rows, cols)` as stored of a, b and y.
+    fn stored(&self) -> [(usize, usize, &MatLayout); 3] {
+        let (m, n, k) = (self.m, self.n, self.k);
+        let rc = |l: &MatLayout, rows, cols| {
+            if l.transposed {
+                (cols, rows)
+            } else {
+                (rows, cols)
+            }
+        };
+        let (ar, ac) = rc(&self.a, m, k);
+        let (br, bc) = rc(&self.b, n, k);
+        [(ar, ac, &self.a), (br, bc, &self.b), (m, n, &self.y)]
+    }
+}
+
+/// Everything the descriptors and the chosen algorithm depend on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct PlanKey {
     m: usize,
     n: usize,
     k: usize,
-    a: GemmDType,
-    b: GemmDType,
-    out: GemmDType,
+    batch: usize,
+    dtypes: [GemmDType; 3],
+    /// a, b and y with `offset_elems` zeroed (and batch strides when batch = 1).
+    layouts: [MatLayout; 3],
+    /// Byte alignment of every matrix start of a, b and y.
+    align: [u32; 3],
+    bias: Option<GemmDType>,
 }
 
-/// Descriptors and the chosen algorithm of one GEMM shape.
+/// Descriptors and the chosen algorithm of one [`PlanKey`].
 struct Plan {
     desc: sys::cublasLtMatmulDesc_t,
     a_layout: sys::cublasLtMatrixLayout_t,
@@ -123,6 +228,9 @@ pub(crate) struct Blas {
     handle: sys::cublasLtHandle_t,
     workspace: DevBuf,
     plans: HashMap<PlanKey, Plan>,
+    /// Keys cuBLASLt had no algorithm for, with the error: a caller that
+    /// falls back on every call does not rerun the heuristic each time.
+    refused: HashMap<PlanKey, String>,
 }
 
 // SAFETY: the raw handles are only used under the context's `blas` mutex.
@@ -145,6 +253,7 @@ impl Blas {
             handle,
             workspace,
             plans: HashMap::new(),
+            refused: HashMap::new(),
         })
     }
 }
@@ -182,6 +291,34 @@ fn set_desc<T>(
     .map_err(|e| blas_err(&format!("cublasLtMatmulDescSetAttribute({attr:?})"), e))
 }
 
+/// Device pointers set on the descriptor at every call (cuBLAS's A is our b).
+#[derive(Clone, Copy)]
+struct Pointers {
+    a_scale: u64,
+    b_scale: u64,
+    bias: u64,
+}
+
+impl Pointers {
+    fn set(&self, desc: sys::cublasLtMatmulDesc_t, key: &PlanKey) -> Result<()> {
+        use sys::cublasLtMatmulDescAttributes_t as D;
+        if key.dtypes[0].is_fp8() {
+            set_desc(desc, D::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &self.b_scale)?;
+            set_desc(desc, D::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &self.a_scale)?;
+        }
+        if key.bias.is_some() {
+            set_desc(desc, D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &self.bias)?;
+        }
+        Ok(())
+    }
+}
+
+/// Largest power of two, at most 256, dividing `addr` and `stride` (bytes).
+fn alignment(addr: u64, stride: u64) -> u32 {
+    let x = addr | stride | 256;
+    (x & x.wrapping_neg()) as u32
+}
+
 impl CudaContext {
     /// `y[M, N] = a[M, K] · b[N, K]^T` into a new buffer of `out` elements.
     pub fn gemm_nt(
@@ -210,23 +347,32 @@ impl CudaContext {
         y: &DevBuf,
         out: GemmDType,
     ) -> Result<()> {
-        let what = format!(
-            "{} x {} -> {} GEMM (M={m}, N={n}, K={k})",
-            a.dtype.name(),
-            b.dtype.name(),
-            out.name()
-        );
-        validate(a, b, m, n, k, y, out).map_err(|e| CudaError::Invalid(format!("{what}: {e}")))?;
-        if m == 0 || n == 0 {
+        self.gemm(a, b, &GemmSpec::nt(m, n, k), y, out)
+    }
+
+    /// The general GEMM: `spec.batch` products `y = a · b^T (+ bias)` with
+    /// the operands read in place as `spec` lays them out, in one cuBLASLt
+    /// call. Unsupported arguments give [`CudaError::Invalid`]; a combination
+    /// cuBLASLt has no algorithm for gives [`CudaError::Blas`] naming it.
+    pub fn gemm(
+        &self,
+        a: &GemmOperand,
+        b: &GemmOperand,
+        spec: &GemmSpec,
+        y: &DevBuf,
+        out: GemmDType,
+    ) -> Result<()> {
+        // Formatted only on failure: this runs on every matmul.
+        let what = || describe(a, b, spec, out);
+        validate(a, b, spec, y, out).map_err(|e| CudaError::Invalid(format!("{}: {e}", what())))?;
+        if spec.m == 0 || spec.n == 0 || spec.batch == 0 {
             return Ok(());
         }
-        let key = PlanKey {
-            m,
-            n,
-            k,
-            a: a.dtype,
-            b: b.dtype,
-            out,
+        let key = plan_key(a, b, spec, y, out);
+        let ptrs = Pointers {
+            a_scale: a.scale_inv.unwrap_or(0),
+            b_scale: b.scale_inv.unwrap_or(0),
+            bias: spec.bias.map_or(0, |bias| bias.buf.ptr()),
         };
         let mut guard = self.inner.blas.lock().unwrap_or_else(|p| p.into_inner());
         if guard.is_none() {
@@ -234,35 +380,45 @@ impl CudaContext {
         }
         let blas = guard.as_mut().expect("created above");
         self.bind()?;
-        let fp8 = a.dtype.is_fp8();
         if !blas.plans.contains_key(&key) {
-            let plan = make_plan(blas, &key, a, b).map_err(|e| match e {
-                CudaError::Blas(s) => CudaError::Blas(format!("{what}: {s}")),
-                other => other,
-            })?;
-            blas.plans.insert(key, plan);
+            if let Some(msg) = blas.refused.get(&key) {
+                return Err(CudaError::Blas(msg.clone()));
+            }
+            match make_plan(blas, &key, &ptrs) {
+                Ok(plan) => {
+                    blas.plans.insert(key, plan);
+                }
+                Err(CudaError::Blas(s)) => {
+                    let msg = format!("{}: {s}", what());
+                    blas.refused.insert(key, msg.clone());
+                    return Err(CudaError::Blas(msg));
+                }
+                Err(other) => return Err(other),
+            }
         }
         let plan = &blas.plans[&key];
-        if fp8 {
-            // cuBLAS's A is our b and its B is our a (see the module docs).
-            set_scale_pointers(plan.desc, b.scale_inv, a.scale_inv)?;
-        }
+        ptrs.set(plan.desc, &key)?;
+        let at = |buf: &DevBuf, l: &MatLayout, t: GemmDType| {
+            (buf.ptr() + (l.offset_elems * t.size_in_bytes()) as u64) as *const c_void
+        };
         let (alpha, beta) = (1.0f32, 0.0f32);
-        // SAFETY: the layouts describe buffers checked by `validate`; the
-        // workspace outlives the call (it is freed only with the handle).
+        let d = at(y, &spec.y, out);
+        // SAFETY: the layouts describe ranges of the buffers checked by
+        // `validate`; the workspace outlives the call (it is freed only with
+        // the handle).
         unsafe {
             lt::matmul(
                 blas.handle,
                 plan.desc,
                 &alpha as *const f32 as *const c_void,
                 &beta as *const f32 as *const c_void,
-                b.buf.ptr() as *const c_void,
+                at(b.buf, &spec.b, b.dtype),
                 plan.a_layout,
-                a.buf.ptr() as *const c_void,
+                at(a.buf, &spec.a, a.dtype),
                 plan.b_layout,
-                y.ptr() as *const c_void,
+                d,
                 plan.d_layout,
-                y.ptr() as *mut c_void,
+                d as *mut c_void,
                 plan.d_layout,
                 &plan.algo,
                 blas.workspace.ptr() as *mut c_void,
@@ -270,32 +426,62 @@ impl CudaContext {
                 self.inner.stream.cu_stream() as sys::cudaStream_t,
             )
         }
-        .map_err(|e| CudaError::Blas(format!("{what}: cublasLtMatmul: {}", status_name(e))))
+        .map_err(|e| CudaError::Blas(format!("{}: cublasLtMatmul: {}", what(), status_name(e))))
     }
+}
+
+/// One line naming a call, for errors.
+fn describe(a: &GemmOperand, b: &GemmOperand, spec: &GemmSpec, out: GemmDType) -> String {
+    let t = |l: &MatLayout| if l.transposed { "T" } else { "N" };
+    format!(
+        "{} x {} -> {} GEMM (M={}, N={}, K={}, batch={}, a {} ld={} stride={}, b {} ld={} stride={}, y ld={} stride={}, bias {})",
+        a.dtype.name(),
+        b.dtype.name(),
+        out.name(),
+        spec.m,
+        spec.n,
+        spec.k,
+        spec.batch,
+        t(&spec.a),
+        spec.a.ld,
+        spec.a.batch_stride,
+        t(&spec.b),
+        spec.b.ld,
+        spec.b.batch_stride,
+        spec.y.ld,
+        spec.y.batch_stride,
+        spec.bias.map_or("none", |b| b.dtype.name())
+    )
 }
 
 fn validate(
     a: &GemmOperand,
     b: &GemmOperand,
-    m: usize,
-    n: usize,
-    k: usize,
+    spec: &GemmSpec,
     y: &DevBuf,
     out: GemmDType,
 ) -> std::result::Result<(), String> {
+    let (m, n, k) = (spec.m, spec.n, spec.k);
     if !matches!(out, GemmDType::F32 | GemmDType::Bf16) {
         return Err("the output must be f32 or bf16".into());
     }
-    if a.dtype.is_fp8() != b.dtype.is_fp8() {
+    let fp8 = a.dtype.is_fp8();
+    if fp8 != b.dtype.is_fp8() {
         return Err("both operands must be FP8, or neither".into());
     }
-    if !a.dtype.is_fp8() && (a.dtype != GemmDType::Bf16 || b.dtype != GemmDType::Bf16) {
-        return Err("non-FP8 operands must both be bf16".into());
+    if !fp8 && a.dtype != b.dtype {
+        return Err("non-FP8 operands must both be bf16 or both f32".into());
+    }
+    if a.dtype == GemmDType::F32 && out != GemmDType::F32 {
+        return Err("f32 operands need an f32 output".into());
     }
     if a.dtype == GemmDType::Fp8E5M2 && b.dtype == GemmDType::Fp8E5M2 {
         return Err("cuBLASLt has no e5m2 x e5m2 GEMM; one operand must be e4m3".into());
     }
-    if a.dtype.is_fp8() {
+    if spec.y.transposed {
+        return Err("y cannot be transposed (swap a and b instead)".into());
+    }
+    if fp8 {
         if m % 16 != 0 || n % 16 != 0 || k % 16 != 0 {
             return Err(
                 "FP8 GEMMs need M, N and K to be multiples of 16 (pad the operands)".into(),
@@ -304,48 +490,125 @@ fn validate(
         if a.scale_inv.is_none() || b.scale_inv.is_none() {
             return Err("FP8 operands need their scale_inv pointers".into());
         }
+        if spec.a.transposed || spec.b.transposed {
+            return Err("FP8 GEMMs on Hopper take only the TN layout: a and b must both be K-contiguous (not transposed)".into());
+        }
     }
-    for (name, op, rows) in [("a", a, m), ("b", b, n)] {
-        let need = rows * k * op.dtype.size_in_bytes();
-        if op.buf.len_bytes() < need {
+    if let Some(bias) = spec.bias {
+        if !matches!(bias.dtype, GemmDType::F32 | GemmDType::Bf16) {
+            return Err("the bias must be f32 or bf16".into());
+        }
+        let need = n * bias.dtype.size_in_bytes();
+        if bias.buf.len_bytes() < need {
             return Err(format!(
-                "operand {name} holds {} bytes, needs {need}",
-                op.buf.len_bytes()
+                "the bias holds {} bytes, needs {need}",
+                bias.buf.len_bytes()
             ));
         }
     }
-    let need = m * n * out.size_in_bytes();
-    if y.len_bytes() < need {
+    let bufs = [(a.buf, a.dtype), (b.buf, b.dtype), (y, out)];
+    for (name, (&(rows, cols, l), (buf, t))) in
+        ["a", "b", "y"].iter().zip(spec.stored().iter().zip(bufs))
+    {
+        if l.ld < cols.max(1) {
+            return Err(format!(
+                "{name}: ld {} is below its row length {cols}",
+                l.ld
+            ));
+        }
+        if rows == 0 || cols == 0 || spec.batch == 0 {
+            continue;
+        }
+        let es = t.size_in_bytes();
+        let extent = l.offset_elems + (spec.batch - 1) * l.batch_stride + (rows - 1) * l.ld + cols;
+        if buf.len_bytes() < extent * es {
+            return Err(format!(
+                "{name} holds {} bytes, its layout reaches {}",
+                buf.len_bytes(),
+                extent * es
+            ));
+        }
+        if fp8 {
+            let start = buf.ptr() + (l.offset_elems * es) as u64;
+            let batch_stride = if spec.batch > 1 { l.batch_stride } else { 0 };
+            let strides = ((l.ld | batch_stride) * es) as u64;
+            if alignment(start, strides) < 16 {
+                return Err(format!(
+                    "{name}: FP8 GEMMs need 16-byte aligned matrix starts and leading dims (offset {}, ld {}, batch stride {})",
+                    l.offset_elems, l.ld, l.batch_stride
+                ));
+            }
+        }
+    }
+    if spec.batch > 1 && m > 0 && n > 0 && spec.y.batch_stride < (m - 1) * spec.y.ld + n {
         return Err(format!(
-            "output holds {} bytes, needs {need}",
-            y.len_bytes()
+            "the matrices of y overlap (batch stride {} < {})",
+            spec.y.batch_stride,
+            (m - 1) * spec.y.ld + n
         ));
     }
     Ok(())
 }
 
-fn set_scale_pointers(
-    desc: sys::cublasLtMatmulDesc_t,
-    a_scale: Option<u64>,
-    b_scale: Option<u64>,
-) -> Result<()> {
-    use sys::cublasLtMatmulDescAttributes_t as D;
-    let (a_scale, b_scale) = (a_scale.unwrap_or(0), b_scale.unwrap_or(0));
-    set_desc(desc, D::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale)?;
-    set_desc(desc, D::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale)
+/// The plan key of a validated call. A batch that reuses one b over packed
+/// a and y matrices (`x[B, M, K] · w^T`) becomes one GEMM of B·M rows, and a
+/// single product forgets its batch strides, so equal work shares a plan.
+fn plan_key(
+    a: &GemmOperand,
+    b: &GemmOperand,
+    spec: &GemmSpec,
+    y: &DevBuf,
+    out: GemmDType,
+) -> PlanKey {
+    let (mut m, mut batch) = (spec.m, spec.batch);
+    let [mut la, mut lb, mut ly] = [spec.a, spec.b, spec.y];
+    if batch > 1
+        && lb.batch_stride == 0
+        && !la.transposed
+        && la.batch_stride == m * la.ld
+        && ly.batch_stride == m * ly.ld
+    {
+        m *= batch;
+        batch = 1;
+    }
+    let bufs = [(a.buf, a.dtype), (b.buf, b.dtype), (y, out)];
+    let mut align = [0u32; 3];
+    for (i, (l, (buf, t))) in [&mut la, &mut lb, &mut ly]
+        .into_iter()
+        .zip(bufs)
+        .enumerate()
+    {
+        if batch == 1 {
+            l.batch_stride = 0;
+        }
+        let es = t.size_in_bytes();
+        align[i] = alignment(
+            buf.ptr() + (l.offset_elems * es) as u64,
+            (l.batch_stride * es) as u64,
+        );
+        l.offset_elems = 0;
+    }
+    PlanKey {
+        m,
+        n: spec.n,
+        k: spec.k,
+        batch,
+        dtypes: [a.dtype, b.dtype, out],
+        layouts: [la, lb, ly],
+        align,
+        bias: spec.bias.map(|b| b.dtype),
+    }
 }
 
-fn make_plan(blas: &Blas, key: &PlanKey, a: &GemmOperand, b: &GemmOperand) -> Result<Plan> {
+fn make_plan(blas: &Blas, key: &PlanKey, ptrs: &Pointers) -> Result<Plan> {
     use sys::cublasLtMatmulDescAttributes_t as D;
+    use sys::cublasLtMatmulPreferenceAttributes_t as P;
+    use sys::cublasLtMatrixLayoutAttribute_t as L;
     let desc = lt::create_matmul_desc(
         sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
         sys::cudaDataType::CUDA_R_32F,
     )
     .map_err(|e| blas_err("cublasLtMatmulDescCreate", e))?;
-    let layout = |t: GemmDType, rows: usize, cols: usize, ld: usize| {
-        lt::create_matrix_layout(t.cuda(), rows as u64, cols as u64, ld as i64)
-            .map_err(|e| blas_err("cublasLtMatrixLayoutCreate", e))
-    };
     // Build the plan as we go so that a failure drops what was created.
     let mut plan = Plan {
         desc,
@@ -354,28 +617,98 @@ fn make_plan(blas: &Blas, key: &PlanKey, a: &GemmOperand, b: &GemmOperand) -> Re
         d_layout: std::ptr::null_mut(),
         algo: unsafe { std::mem::zeroed() },
     };
-    // cublasOperation_t: 0 = N, 1 = T.
-    set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &1i32)?;
-    set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &0i32)?;
-    if key.a.is_fp8() {
-        set_scale_pointers(plan.desc, b.scale_inv, a.scale_inv)?;
+    let [ta, tb, tout] = key.dtypes;
+    let [la, lb, ly] = key.layouts;
+    // cublasOperation_t: 0 = N, 1 = T. cuBLAS's A is our b, its B our a.
+    set_desc(
+        plan.desc,
+        D::CUBLASLT_MATMUL_DESC_TRANSA,
+        &i32::from(!lb.transposed),
+    )?;
+    set_desc(
+        plan.desc,
+        D::CUBLASLT_MATMUL_DESC_TRANSB,
+        &i32::from(la.transposed),
+    )?;
+    if let Some(bias) = key.bias {
+        let epilogue = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS as u32;
+        set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue)?;
+        set_desc(
+            plan.desc,
+            D::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+            &(bias.cuda() as i32),
+        )?;
     }
-    plan.a_layout = layout(key.b, key.k, key.n, key.k)?;
-    plan.b_layout = layout(key.a, key.k, key.m, key.k)?;
-    plan.d_layout = layout(key.out, key.n, key.m, key.n)?;
+    ptrs.set(plan.desc, key)?;
+    let layout = |t: GemmDType,
+                  rows: usize,
+                  cols: usize,
+                  l: &MatLayout|
+     -> Result<sys::cublasLtMatrixLayout_t> {
+        let h = lt::create_matrix_layout(t.cuda(), rows as u64, cols as u64, l.ld as i64)
+            .map_err(|e| blas_err("cublasLtMatrixLayoutCreate", e))?;
+        if key.batch > 1 {
+            let set = |attr, v: *const c_void, size| {
+                // SAFETY: `v` points to a value of the attribute's type.
+                unsafe { lt::set_matrix_layout_attribute(h, attr, v, size) }
+            };
+            let count = key.batch as i32;
+            let stride = l.batch_stride as i64;
+            let r = set(
+                L::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                &count as *const i32 as *const c_void,
+                4,
+            )
+            .and_then(|_| {
+                set(
+                    L::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                    &stride as *const i64 as *const c_void,
+                    8,
+                )
+            });
+            if let Err(e) = r {
+                // SAFETY: created above, not stored anywhere.
+                let _ = unsafe { lt::destroy_matrix_layout(h) };
+                return Err(blas_err("cublasLtMatrixLayoutSetAttribute(batch)", e));
+            }
+        }
+        Ok(h)
+    };
+    // Column-major views: an untransposed operand is K x rows.
+    let (m, n, k) = (key.m, key.n, key.k);
+    plan.a_layout = if lb.transposed {
+        layout(tb, n, k, &lb)?
+    } else {
+        layout(tb, k, n, &lb)?
+    };
+    plan.b_layout = if la.transposed {
+        layout(ta, m, k, &la)?
+    } else {
+        layout(ta, k, m, &la)?
+    };
+    plan.d_layout = layout(tout, n, m, &ly)?;
 
     let pref =
         lt::create_matmul_pref().map_err(|e| blas_err("cublasLtMatmulPreferenceCreate", e))?;
     let ws = WORKSPACE_BYTES as u64;
-    // SAFETY: the attribute takes a u64.
-    let set = unsafe {
-        lt::set_matmul_pref_attribute(
-            pref,
-            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-            &ws as *const u64 as *const c_void,
-            std::mem::size_of::<u64>(),
-        )
+    let set_pref = |attr, v: *const c_void, size| {
+        // SAFETY: `v` points to a value of the attribute's type.
+        unsafe { lt::set_matmul_pref_attribute(pref, attr, v, size) }
     };
+    let mut set = set_pref(
+        P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+        &ws as *const u64 as *const c_void,
+        8,
+    );
+    let [align_a, align_b, align_y] = key.align;
+    for (attr, v) in [
+        (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_b),
+        (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_a),
+        (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_y),
+        (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_y),
+    ] {
+        set = set.and_then(|_| set_pref(attr, &v as *const u32 as *const c_void, 4));
+    }
     // SAFETY: every handle is live; C and D share a layout (beta = 0).
     let heur = set.and_then(|_| unsafe {
         lt::get_matmul_algo_heuristic(
@@ -392,7 +725,7 @@ fn make_plan(blas: &Blas, key: &PlanKey, a: &GemmOperand, b: &GemmOperand) -> Re
     let _ = unsafe { lt::destroy_matmul_pref(pref) };
     let heur = heur.map_err(|e| {
         blas_err(
-            "cublasLtMatmulAlgoGetHeuristic (no algorithm for this layout)",
+            "cublasLtMatmulAlgoGetHeuristic (no algorithm for this combination)",
             e,
         )
     })?;

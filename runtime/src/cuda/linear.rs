@@ -9,29 +9,31 @@
 //! | `fp8_fnuz` | as `fp8` with the FNUZ formats, which cuBLASLt lacks on NVIDIA: codes decoded exactly to BF16, BF16 GEMM, both scales applied after it |
 //! | `mxfp4`, `mxfp8` | MX codes dequantized exactly to BF16, BF16 GEMM (Hopper has no FP4 MMA) |
 //!
-//! Each GEMM quantizes its operands along its own reduction axis. An operand
-//! whose reduction axis is M or N (x and dy for wgrad, W for dgrad) is first
-//! transposed by `lin_copy2d` (exact), so that the quantizer sees the rows
-//! the CPU's `quantize_mx(.., axis 0, ..)` sees and writes the same codes.
-//! FP8 GEMMs need M, N and K to be multiples of 16: their operands are
-//! zero-padded and the results cropped; BF16 GEMMs pad K to 16 (the `bf16`
-//! recipe) or to 32 (MX). Bias is added in f32 after the GEMM, and db is the
-//! f32 column sum of dy.
+//! Each GEMM quantizes its operands along its own reduction axis, and one
+//! pass over a tensor writes every copy the GEMMs need: the FP8 cast writes
+//! the codes and their transpose, `mx_tile` quantizes along rows and columns
+//! at once and writes the dequantized BF16 operand directly. The saved
+//! operands are the column-wise copies, so the backward reads them as they
+//! are. BF16 operands are read in place, transposed where need be, when the
+//! shape is aligned to 16; otherwise they are zero-padded copies and the
+//! results are cropped. Bias goes into the GEMM's epilogue; db is the f32
+//! column sum of dy.
 //!
 //! Activations (x, y, dy, dx) are f32 or BF16, as `act` says; W, b, dW and db
 //! are f32. A non-finite amax under the FP8 recipes is the CPU's error (it
-//! names layer, role and iteration); it is found after the work is queued,
-//! with one read-back per quantized tensor.
+//! names layer, role and iteration); it is recorded on the device and raised
+//! by the next read-back or [`CudaContext::check_deferred`], so the step
+//! never waits for it.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
+use super::gemm::{GemmBias, GemmSpec, MatLayout};
 use super::nvrtc::KernelSource;
-use super::{
-    driver_err, CudaContext, CudaError, DevBuf, Fp8Device, GemmDType, GemmOperand, Result,
-};
+use super::quantize::{mode_arg, Fp8Device2d, Fp8Outputs};
+use super::{driver_err, CudaContext, CudaError, DevBuf, GemmDType, GemmOperand, Result};
 use super::{DequantLayout, MxDevice};
 use crate::formats::ElemFormat;
-use crate::quant::{Fp8Tensor, MxConfig, MxTensor};
+use crate::quant::{Fp8Tensor, MxConfig, MxTensor, SrKey};
 use crate::recipe::linear::{LinearCtx, LinearShape, Saved};
 use crate::recipe::{Recipe, RecipeKind};
 use crate::DType;
@@ -40,6 +42,12 @@ use crate::DType;
 pub const LINEAR_OPS: KernelSource = KernelSource {
     name: "linear_ops.cu",
     body: include_str!("../../kernels/linear_ops.cu"),
+};
+
+/// `runtime/kernels/mx_tile.cu`.
+pub const MX_TILE: KernelSource = KernelSource {
+    name: "mx_tile.cu",
+    body: include_str!("../../kernels/mx_tile.cu"),
 };
 
 /// Input element kinds of `lin_copy2d` (IN_* in linear_ops.cu).
@@ -124,15 +132,16 @@ fn u32_of(v: usize, what: &str) -> Result<u32> {
         .map_err(|_| CudaError::Invalid(format!("{what} = {v} does not fit in 32 bits")))
 }
 
-/// Tensor label of the non-finite-amax error, as the CPU writes it.
 /// What the forward keeps for the backward (SPEC section 4), on the device.
 pub enum SavedDevice {
     /// x in BF16, `[m, k]`.
     Bf16 { x: DevBuf, m: usize, k: usize },
-    /// x `[m, k]` and W `[n, k]` in E4M3 with their scales.
+    /// x and W in E4M3 with their scales, kept as the wgrad and dgrad GEMMs
+    /// read them: x^T `[r16(k), r16(m)]` and W^T `[r16(k), r16(n)]`,
+    /// zero-padded.
     Fp8 {
-        x: Fp8Device,
-        w: Fp8Device,
+        x: Fp8Device2d,
+        w: Fp8Device2d,
         m: usize,
         k: usize,
         n: usize,
@@ -143,11 +152,11 @@ pub enum SavedDevice {
 }
 
 impl SavedDevice {
-    /// Bytes held, counted as the CPU's [`Saved::nbytes`].
+    /// Bytes held, counted as the CPU's [`Saved::nbytes`] (padding excluded).
     pub fn nbytes(&self) -> usize {
         match self {
             SavedDevice::Bf16 { m, k, .. } => 2 * m * k,
-            SavedDevice::Fp8 { x, w, .. } => x.numel + 8 + w.numel + 8,
+            SavedDevice::Fp8 { m, k, n, .. } => m * k + 8 + n * k + 8,
             SavedDevice::Mx { x_m, w_n } => {
                 x_m.code_bytes() + x_m.nblocks() + w_n.code_bytes() + w_n.nblocks()
             }
@@ -158,7 +167,7 @@ impl SavedDevice {
     pub fn elements(&self) -> usize {
         match self {
             SavedDevice::Bf16 { m, k, .. } => m * k,
-            SavedDevice::Fp8 { x, w, .. } => x.numel + w.numel,
+            SavedDevice::Fp8 { m, k, n, .. } => m * k + n * k,
             SavedDevice::Mx { x_m, w_n } => x_m.rows * x_m.len + w_n.rows * w_n.len,
         }
     }
@@ -170,19 +179,25 @@ impl SavedDevice {
                 x: ctx.download(x, m * k)?,
             },
             SavedDevice::Fp8 { x, w, m, k, n } => {
-                let get = |q: &Fp8Device, shape: Vec<usize>| -> Result<Fp8Tensor> {
+                // Stored transposed and padded: [r16(k), r16(rows)] back to [rows, k].
+                let get = |q: &Fp8Device2d, rows: usize| -> Result<Fp8Tensor> {
                     let (_, scale, scale_inv) = q.read_scales(ctx)?;
+                    let t = q.codes_t.as_ref().ok_or_else(|| {
+                        CudaError::Invalid("saved FP8 operand without its transposed codes".into())
+                    })?;
+                    let codes =
+                        ctx.lin_copy2d(t, In::U8, r16(*k), r16(rows), rows, *k, true, Out::U8)?;
                     Ok(Fp8Tensor {
-                        shape,
+                        shape: vec![rows, *k],
                         elem: q.elem,
-                        codes: ctx.download(&q.codes, q.numel)?,
+                        codes: ctx.download(&codes, rows * k)?,
                         scale,
                         scale_inv,
                     })
                 };
                 Saved::Fp8 {
-                    x: get(x, vec![*m, *k])?,
-                    w: get(w, vec![*n, *k])?,
+                    x: get(x, *m)?,
+                    w: get(w, *n)?,
                 }
             }
             SavedDevice::Mx { x_m, w_n } => {
@@ -370,77 +385,276 @@ impl CudaContext {
         Ok(out)
     }
 
-    /// `y[m, n] = a[m, k] b[n, k]^T` (BF16 operands, f32 accumulation), then
-    /// scales and bias; written in `out` directly when nothing follows the GEMM.
-    #[allow(clippy::too_many_arguments)]
-    fn lin_bf16_gemm(
+    /// `y = a · b^T` per [`GemmShape`], then scales (f32 pointers), bias and
+    /// a crop to `[rows, cols]`, written as `out`. The bias goes into the
+    /// GEMM's epilogue (f32 accumulator + f32 bias, rounded once) when the
+    /// result needs nothing else; otherwise, or where cuBLASLt has no fused
+    /// bias for the types, an f32 result goes through `lin_epilogue`.
+    fn lin_gemm<'a>(
         &self,
-        a: &DevBuf,
-        b: &DevBuf,
-        m: usize,
-        n: usize,
-        k: usize,
-        scales: Option<(u64, u64)>,
-        bias: Option<&DevBuf>,
+        a: &Operand,
+        b: &Operand,
+        g: GemmShape,
+        post: Post<'a>,
         out: Out,
     ) -> Result<DevBuf> {
-        let op = |buf| GemmOperand {
-            buf,
-            dtype: GemmDType::Bf16,
-            scale_inv: None,
+        let GemmShape { m, n, k } = g;
+        let spec = |bias: Option<&'a DevBuf>| GemmSpec {
+            m,
+            n,
+            k,
+            batch: 1,
+            a: a.layout(),
+            b: b.layout(),
+            y: MatLayout::packed(m, n),
+            bias: bias.map(|buf| GemmBias {
+                buf,
+                dtype: GemmDType::F32,
+            }),
         };
-        if scales.is_none() && bias.is_none() {
-            return self.gemm_nt(&op(a), &op(b), m, n, k, gemm_out(out));
+        let (rows, cols) = post.crop.unwrap_or((m, n));
+        if post.scales.is_none() && (rows, cols) == (m, n) {
+            let y = self.alloc(m * n * out.size())?;
+            match self.gemm(&a.op, &b.op, &spec(post.bias), &y, gemm_out(out)) {
+                Ok(()) => return Ok(y),
+                // No fused f32 bias for these types: add it below.
+                Err(CudaError::Blas(_)) if post.bias.is_some() => {}
+                Err(e) => return Err(e),
+            }
         }
-        let acc = self.gemm_nt(&op(a), &op(b), m, n, k, GemmDType::F32)?;
-        self.lin_epilogue(&acc, n, m, n, scales, bias, out)
+        let acc = self.alloc(m * n * 4)?;
+        self.gemm(&a.op, &b.op, &spec(None), &acc, GemmDType::F32)?;
+        self.lin_epilogue(&acc, n, rows, cols, post.scales, post.bias, out)
     }
 
-    /// FP8 GEMM of padded operands `a[mp, kp]`, `b[np, kp]` (multiples of
-    /// 16), cropped to `[m, n]`, plus bias.
+    /// MX quantization of `x` (`[rows, cols]`, f32 or BF16) along its rows
+    /// and/or its columns in one pass (`mx_tile.cu`).
     #[allow(clippy::too_many_arguments)]
-    fn lin_fp8_gemm(
+    fn mx_tile(
         &self,
-        a: (&DevBuf, GemmDType, u64),
-        b: (&DevBuf, GemmDType, u64),
-        m: usize,
-        n: usize,
-        k: usize,
-        bias: Option<&DevBuf>,
-        out: Out,
-    ) -> Result<DevBuf> {
-        let (mp, np, kp) = (r16(m), r16(n), r16(k));
-        let oa = GemmOperand {
-            buf: a.0,
-            dtype: a.1,
-            scale_inv: Some(a.2),
-        };
-        let ob = GemmOperand {
-            buf: b.0,
-            dtype: b.1,
-            scale_inv: Some(b.2),
-        };
-        if mp == m && np == n && bias.is_none() {
-            return self.gemm_nt(&oa, &ob, m, n, kp, gemm_out(out));
-        }
-        let acc = self.gemm_nt(&oa, &ob, mp, np, kp, GemmDType::F32)?;
-        self.lin_epilogue(&acc, np, m, n, None, bias, out)
-    }
-
-    /// f32 view of an activation: itself, or a widened copy in `tmp`.
-    fn lin_f32<'a>(
-        &self,
-        x: &'a DevBuf,
-        act: DType,
+        x: &DevBuf,
+        dtype: DType,
         rows: usize,
         cols: usize,
-        tmp: &'a mut Option<DevBuf>,
-    ) -> Result<&'a DevBuf> {
-        if act == DType::F32 {
-            return Ok(x);
+        cfg: &MxConfig,
+        by_row: Option<MxWant>,
+        by_col: Option<MxWant>,
+    ) -> Result<(MxOut, MxOut)> {
+        if cfg.tile2d && [by_row, by_col].iter().flatten().any(|w| w.hadamard) {
+            return Err(CudaError::Invalid(
+                "32x32 tile scales with the Hadamard option are not supported".into(),
+            ));
         }
-        *tmp = Some(self.lin_copy2d(x, act_in(act)?, rows, cols, rows, cols, false, Out::F32)?);
-        Ok(tmp.as_ref().expect("set above"))
+        let suffix = match (cfg.elem, dtype) {
+            (ElemFormat::E2M1, DType::F32) => "mx_tile_e2m1_f32",
+            (ElemFormat::E2M1, DType::BF16) => "mx_tile_e2m1_bf16",
+            (ElemFormat::E4M3FN, DType::F32) => "mx_tile_e4m3fn_f32",
+            (ElemFormat::E4M3FN, DType::BF16) => "mx_tile_e4m3fn_bf16",
+            (elem, dt) => {
+                return Err(CudaError::Invalid(format!(
+                    "MX quantization of {dt:?} input to {elem:?}"
+                )))
+            }
+        };
+        let (pr, pc) = (rows.div_ceil(32) * 32, cols.div_ceil(32) * 32);
+        // Direction outputs: (quantized rows, padded length) = (rows, pc) or (cols, pr).
+        let make = |want: Option<MxWant>, r: usize, len: usize, plen: usize| -> Result<MxOut> {
+            let Some(w) = want else {
+                return Ok(MxOut {
+                    q: None,
+                    deq: None,
+                    config: *cfg,
+                });
+            };
+            let config = MxConfig {
+                hadamard: w.hadamard,
+                sr: w.sr,
+                ..*cfg
+            };
+            let q = if w.codes {
+                Some(MxDevice {
+                    rows: r,
+                    len,
+                    padded_len: plen,
+                    config,
+                    codes: self.alloc(r * plen * cfg.elem.bits() as usize / 8)?,
+                    scales: self.alloc(r * plen / 32)?,
+                })
+            } else {
+                None
+            };
+            let deq = if w.deq {
+                Some(self.alloc(r * plen * 2)?)
+            } else {
+                None
+            };
+            Ok(MxOut { q, deq, config })
+        };
+        let ro = make(by_row, rows, cols, pc)?;
+        let co = make(by_col, cols, rows, pr)?;
+        if rows == 0 || cols == 0 {
+            return Ok((ro, co));
+        }
+        let dir = |o: &MxOut| MxDir {
+            codes: o.q.as_ref().map_or(0, |q| q.codes.ptr()),
+            scales: o.q.as_ref().map_or(0, |q| q.scales.ptr()),
+            deq: o.deq.as_ref().map_or(0, |d| d.ptr()),
+            hadamard: o.config.hadamard as i32,
+            sr: o.config.sr.is_some() as i32,
+            seed_lo: o.config.sr.map_or(0, |k| k.seed as u32),
+            seed_hi: o.config.sr.map_or(0, |k| (k.seed >> 32) as u32),
+            step: o.config.sr.map_or(0, |k| k.step as u32),
+            tensor_id: o.config.sr.map_or(0, |k| k.tensor_id as u32),
+        };
+        let (rd, cd) = (dir(&ro), dir(&co));
+        let f = self.function(&MX_TILE, suffix)?;
+        let (xp, r, c) = (x.ptr(), u32_of(rows, "rows")?, u32_of(cols, "cols")?);
+        let (mode, tile2d) = (mode_arg(cfg.scale_mode), cfg.tile2d as i32);
+        let gy = rows.div_ceil(32);
+        if gy > 65535 {
+            return Err(CudaError::Invalid(format!(
+                "mx_tile: {rows} rows exceed the grid limit"
+            )));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (
+                u32_of(cols.div_ceil(32 * MX_TILES), "column slabs")?,
+                gy as u32,
+                1,
+            ),
+            block_dim: (64 * MX_TILES as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        self.bind()?;
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(&xp)
+            .arg(&r)
+            .arg(&c)
+            .arg(&rd)
+            .arg(&cd)
+            .arg(&mode)
+            .arg(&tile2d);
+        // SAFETY: matches mx_tile_* in mx_tile.cu; every output was allocated
+        // above for its direction's [rows, padded length].
+        unsafe { b.launch(cfg) }.map_err(driver_err("launch mx_tile"))?;
+        Ok((ro, co))
+    }
+}
+
+/// Slabs of 32x32 tiles per CTA of `mx_tile` (TILES in mx_tile.cu).
+const MX_TILES: usize = 4;
+
+/// One direction's options and outputs (struct MxDir in mx_tile.cu); null
+/// pointers are outputs not wanted.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct MxDir {
+    codes: u64,
+    scales: u64,
+    deq: u64,
+    hadamard: i32,
+    sr: i32,
+    seed_lo: u32,
+    seed_hi: u32,
+    step: u32,
+    tensor_id: u32,
+}
+
+// SAFETY: a plain #[repr(C)] struct of integers, laid out as MxDir in mx_tile.cu.
+unsafe impl DeviceRepr for MxDir {}
+
+/// What one direction of [`CudaContext::mx_tile`] computes.
+#[derive(Clone, Copy, Debug, Default)]
+struct MxWant {
+    /// Codes and scales (kept for the backward).
+    codes: bool,
+    /// The dequantized BF16 GEMM operand.
+    deq: bool,
+    hadamard: bool,
+    sr: Option<SrKey>,
+}
+
+/// One direction's results of [`CudaContext::mx_tile`].
+struct MxOut {
+    q: Option<MxDevice>,
+    deq: Option<DevBuf>,
+    config: MxConfig,
+}
+
+impl MxOut {
+    fn deq(&self) -> Result<&DevBuf> {
+        self.deq
+            .as_ref()
+            .ok_or_else(|| CudaError::Invalid("mx_tile: dequantized output not computed".into()))
+    }
+
+    fn take_q(&mut self) -> Result<MxDevice> {
+        self.q
+            .take()
+            .ok_or_else(|| CudaError::Invalid("mx_tile: codes not computed".into()))
+    }
+}
+
+/// M, N, K of one GEMM (after any padding).
+#[derive(Clone, Copy, Debug)]
+struct GemmShape {
+    m: usize,
+    n: usize,
+    k: usize,
+}
+
+/// What follows a GEMM: per-tensor scales, a bias, a crop of padding.
+#[derive(Clone, Copy, Default)]
+struct Post<'a> {
+    scales: Option<(u64, u64)>,
+    bias: Option<&'a DevBuf>,
+    crop: Option<(usize, usize)>,
+}
+
+/// A GEMM operand: `[rows, K]` with K contiguous (`ld` = K), or stored
+/// transposed as `[K, ld]` so that it is read in place.
+struct Operand<'a> {
+    op: GemmOperand<'a>,
+    ld: usize,
+    transposed: bool,
+}
+
+impl<'a> Operand<'a> {
+    /// K-contiguous rows of length `ld`.
+    fn rows(buf: &'a DevBuf, dtype: GemmDType, ld: usize) -> Self {
+        Operand {
+            op: GemmOperand {
+                buf,
+                dtype,
+                scale_inv: None,
+            },
+            ld,
+            transposed: false,
+        }
+    }
+
+    /// Stored `[K, ld]`: the operand's rows are the columns.
+    fn cols(buf: &'a DevBuf, dtype: GemmDType, ld: usize) -> Self {
+        Operand {
+            transposed: true,
+            ..Operand::rows(buf, dtype, ld)
+        }
+    }
+
+    /// FP8 codes `[rows, ld]` with their scale_inv pointer.
+    fn fp8(buf: &'a DevBuf, dtype: GemmDType, ld: usize, scale_inv: u64) -> Self {
+        let mut o = Operand::rows(buf, dtype, ld);
+        o.op.scale_inv = Some(scale_inv);
+        o
+    }
+
+    fn layout(&self) -> MatLayout {
+        MatLayout {
+            offset_elems: 0,
+            ld: self.ld,
+            batch_stride: 0,
+            transposed: self.transposed,
+        }
     }
 }
 
@@ -456,6 +670,17 @@ fn check_bytes(what: &str, buf: &DevBuf, elems: usize, size: usize, s: LinearSha
         )));
     }
     Ok(())
+}
+
+/// True when every GEMM dimension is a multiple of 16, so that BF16
+/// activations are used in place (no padded copies, no crop).
+fn aligned(s: LinearShape) -> bool {
+    s.m % 16 == 0 && s.n % 16 == 0 && s.k % 16 == 0
+}
+
+/// The crop of a GEMM padded to `(mp, np)` back to `(m, n)`, if any.
+fn crop(m: usize, n: usize, mp: usize, np: usize) -> Option<(usize, usize)> {
+    ((m, n) != (mp, np)).then_some((m, n))
 }
 
 // ---------------------------------------------------------------------------
@@ -483,60 +708,73 @@ pub fn forward(
     if let Some(b) = b {
         check_bytes("b", b, n, 4, s)?;
     }
+    let (mp, np, kp) = (r16(m), r16(n), r16(k));
     match recipe.kind {
         RecipeKind::Bf16 => {
-            let kp = r16(k);
+            // Saved: x in BF16 (a copy: the caller owns x).
             let xb = ctx.lin_copy2d(x, ain, m, k, m, k, false, Out::Bf16)?;
-            let xa = if kp == k {
+            let xa = if aligned(s) {
                 None
             } else {
-                Some(ctx.lin_copy2d(&xb, In::Bf16, m, k, m, kp, false, Out::Bf16)?)
+                Some(ctx.lin_copy2d(&xb, In::Bf16, m, k, mp, kp, false, Out::Bf16)?)
             };
-            let wb = ctx.lin_copy2d(w, In::F32, n, k, n, kp, false, Out::Bf16)?;
-            let y = ctx.lin_bf16_gemm(xa.as_ref().unwrap_or(&xb), &wb, m, n, kp, None, b, aout)?;
+            let wb = ctx.lin_copy2d(w, In::F32, n, k, np, kp, false, Out::Bf16)?;
+            let y = ctx.lin_gemm(
+                &Operand::rows(xa.as_ref().unwrap_or(&xb), GemmDType::Bf16, kp),
+                &Operand::rows(&wb, GemmDType::Bf16, kp),
+                GemmShape {
+                    m: mp,
+                    n: np,
+                    k: kp,
+                },
+                Post {
+                    bias: b,
+                    crop: crop(m, n, mp, np),
+                    ..Post::default()
+                },
+                aout,
+            )?;
             Ok((y, SavedDevice::Bf16 { x: xb, m, k }))
         }
         RecipeKind::Fp8 | RecipeKind::Fp8Fnuz => {
             let (fwd, _) = recipe.fp8_formats();
-            let mut tmp = None;
-            let xf = ctx.lin_f32(x, act, m, k, &mut tmp)?;
-            let xq = ctx.quantize_fp8_tensorwise(xf, m * k, fwd, recipe.pow2)?;
-            let wq = ctx.quantize_fp8_tensorwise(w, n * k, fwd, recipe.pow2)?;
-            let y = if recipe.kind == RecipeKind::Fp8 {
-                let (mp, np, kp) = (r16(m), r16(n), r16(k));
-                let pad = |q: &Fp8Device, rows, rp| -> Result<Option<DevBuf>> {
-                    if rp == rows && kp == k {
-                        Ok(None)
-                    } else {
-                        ctx.lin_copy2d(&q.codes, In::U8, rows, k, rp, kp, false, Out::U8)
-                            .map(Some)
-                    }
-                };
-                let (xa, wa) = (pad(&xq, m, mp)?, pad(&wq, n, np)?);
-                let dt = fp8_dtype(fwd);
-                ctx.lin_fp8_gemm(
-                    (xa.as_ref().unwrap_or(&xq.codes), dt, xq.scale_inv_ptr()),
-                    (wa.as_ref().unwrap_or(&wq.codes), dt, wq.scale_inv_ptr()),
-                    m,
-                    n,
-                    k,
-                    b,
-                    aout,
-                )?
-            } else {
-                let kp = r16(k);
-                let xa = ctx.lin_copy2d(&xq.codes, decoded(fwd), m, k, m, kp, false, Out::Bf16)?;
-                let wa = ctx.lin_copy2d(&wq.codes, decoded(fwd), n, k, n, kp, false, Out::Bf16)?;
-                let sc = Some((xq.scale_inv_ptr(), wq.scale_inv_ptr()));
-                ctx.lin_bf16_gemm(&xa, &wa, m, n, kp, sc, b, aout)?
+            // Both orientations at once: the rows feed fprop, the transposed
+            // copies are saved for wgrad (x) and dgrad (W).
+            let both = Fp8Outputs {
+                rows: true,
+                cols: true,
             };
-            xq.check_finite(ctx, &lctx.label("activation"))?;
-            wq.check_finite(ctx, &lctx.label("weight"))?;
+            let xq = ctx.quantize_fp8_2d(x, act, m, k, fwd, recipe.pow2, 16, both)?;
+            let wq = ctx.quantize_fp8_2d(w, DType::F32, n, k, fwd, recipe.pow2, 16, both)?;
+            ctx.defer_finite_check(xq.amax_ptr(), lctx.label("activation"))?;
+            ctx.defer_finite_check(wq.amax_ptr(), lctx.label("weight"))?;
+            let y = ctx.lin_fp8_gemm(
+                recipe.kind,
+                fwd,
+                (rows_of(&xq)?, xq.scale_inv_ptr()),
+                fwd,
+                (rows_of(&wq)?, wq.scale_inv_ptr()),
+                GemmShape {
+                    m: mp,
+                    n: np,
+                    k: kp,
+                },
+                Post {
+                    bias: b,
+                    crop: crop(m, n, mp, np),
+                    ..Post::default()
+                },
+                aout,
+            )?;
+            let keep = |mut q: Fp8Device2d| {
+                q.codes = None;
+                q
+            };
             Ok((
                 y,
                 SavedDevice::Fp8 {
-                    x: xq,
-                    w: wq,
+                    x: keep(xq),
+                    w: keep(wq),
                     m,
                     k,
                     n,
@@ -549,31 +787,110 @@ pub fn forward(
                 tile2d: recipe.tile2d,
                 ..cfg
             };
-            let mut tmp = None;
-            let xf = ctx.lin_f32(x, act, m, k, &mut tmp)?;
-            // fprop: x and W along K.
-            let x_k = ctx.quantize_mx_rows(xf, m, k, &cfg)?;
-            let w_k = ctx.quantize_mx_rows(w, n, k, &tiles)?;
-            let xd = ctx.dequantize_mx(&x_k, DequantLayout::Rows, DType::BF16)?;
-            let wd = ctx.dequantize_mx(&w_k, DequantLayout::Rows, DType::BF16)?;
-            let y = ctx.lin_bf16_gemm(&xd, &wd, m, n, x_k.padded_len, None, b, aout)?;
-            drop((xd, wd, x_k, w_k));
-            // Saved: x along M (Hadamard per recipe), W along N.
-            let xt = ctx.lin_copy2d(xf, In::F32, m, k, k, m, true, Out::F32)?;
-            let x_m = ctx.quantize_mx_rows(
-                &xt,
-                k,
+            // fprop reads x and W along K (dequantized); the backward keeps
+            // x along M (Hadamard per recipe) and W along N (codes).
+            let fprop = MxWant {
+                deq: true,
+                ..MxWant::default()
+            };
+            let (xr, mut xc) = ctx.mx_tile(
+                x,
+                act,
                 m,
-                &MxConfig {
+                k,
+                &cfg,
+                Some(fprop),
+                Some(MxWant {
+                    codes: true,
                     hadamard: recipe.hadamard,
-                    ..cfg
-                },
+                    ..MxWant::default()
+                }),
             )?;
-            drop(xt);
-            let wt = ctx.lin_copy2d(w, In::F32, n, k, k, n, true, Out::F32)?;
-            let w_n = ctx.quantize_mx_rows(&wt, k, n, &tiles)?;
-            Ok((y, SavedDevice::Mx { x_m, w_n }))
+            let (wr, mut wc) = ctx.mx_tile(
+                w,
+                DType::F32,
+                n,
+                k,
+                &tiles,
+                Some(fprop),
+                Some(MxWant {
+                    codes: true,
+                    ..MxWant::default()
+                }),
+            )?;
+            let kp = k.div_ceil(32) * 32;
+            let y = ctx.lin_gemm(
+                &Operand::rows(xr.deq()?, GemmDType::Bf16, kp),
+                &Operand::rows(wr.deq()?, GemmDType::Bf16, kp),
+                GemmShape { m, n, k: kp },
+                Post {
+                    bias: b,
+                    ..Post::default()
+                },
+                aout,
+            )?;
+            let saved = SavedDevice::Mx {
+                x_m: xc.take_q()?,
+                w_n: wc.take_q()?,
+            };
+            Ok((y, saved))
         }
+    }
+}
+
+/// The row-major codes of a 2-D FP8 quantization.
+fn rows_of(q: &Fp8Device2d) -> Result<&DevBuf> {
+    q.codes
+        .as_ref()
+        .ok_or_else(|| CudaError::Invalid("FP8 operand without its row-major codes".into()))
+}
+
+/// The transposed codes of a 2-D FP8 quantization.
+fn cols_of(q: &Fp8Device2d) -> Result<&DevBuf> {
+    q.codes_t
+        .as_ref()
+        .ok_or_else(|| CudaError::Invalid("FP8 operand without its transposed codes".into()))
+}
+
+impl CudaContext {
+    /// An FP8-recipe GEMM of zero-padded codes `a[m, k]`, `b[n, k]` (multiples
+    /// of 16) with their scale_inv pointers: cuBLASLt FP8 for `fp8`; for
+    /// `fp8_fnuz` (no FNUZ GEMM on NVIDIA) the codes decoded exactly to BF16,
+    /// a BF16 GEMM and both scales applied after it.
+    #[allow(clippy::too_many_arguments)]
+    fn lin_fp8_gemm(
+        &self,
+        kind: RecipeKind,
+        fa: ElemFormat,
+        a: (&DevBuf, u64),
+        fb: ElemFormat,
+        b: (&DevBuf, u64),
+        g: GemmShape,
+        post: Post,
+        out: Out,
+    ) -> Result<DevBuf> {
+        let GemmShape { m, n, k } = g;
+        if kind == RecipeKind::Fp8 {
+            return self.lin_gemm(
+                &Operand::fp8(a.0, fp8_dtype(fa), k, a.1),
+                &Operand::fp8(b.0, fp8_dtype(fb), k, b.1),
+                g,
+                post,
+                out,
+            );
+        }
+        let ad = self.lin_copy2d(a.0, decoded(fa), m, k, m, k, false, Out::Bf16)?;
+        let bd = self.lin_copy2d(b.0, decoded(fb), n, k, n, k, false, Out::Bf16)?;
+        self.lin_gemm(
+            &Operand::rows(&ad, GemmDType::Bf16, k),
+            &Operand::rows(&bd, GemmDType::Bf16, k),
+            g,
+            Post {
+                scales: Some((a.1, b.1)),
+                ..post
+            },
+            out,
+        )
     }
 }
 
@@ -596,97 +913,132 @@ pub fn backward(
     let ain = act_in(act)?;
     let aout = act_out(act);
     check_bytes("dy", dy, m * n, act.size_in_bytes(), s)?;
+    let (mp, np, kp) = (r16(m), r16(n), r16(k));
     let (dx, dw) = match (recipe.kind, saved) {
         (RecipeKind::Bf16, SavedDevice::Bf16 { x, .. }) => {
             check_bytes("W", w, n * k, 4, s)?;
-            let (mp, np) = (r16(m), r16(n));
-            // dgrad: reduction over N.
-            let dya = ctx.lin_copy2d(dy, ain, m, n, m, np, false, Out::Bf16)?;
-            let wt = ctx.lin_copy2d(w, In::F32, n, k, k, np, true, Out::Bf16)?;
-            let dx = ctx.lin_bf16_gemm(&dya, &wt, m, k, np, None, None, aout)?;
-            drop((dya, wt));
-            // wgrad: reduction over M.
-            let dyt = ctx.lin_copy2d(dy, ain, m, n, n, mp, true, Out::Bf16)?;
-            let xt = ctx.lin_copy2d(x, In::Bf16, m, k, k, mp, true, Out::Bf16)?;
-            let dw = ctx.lin_bf16_gemm(&dyt, &xt, n, k, mp, None, None, Out::F32)?;
+            let wb = ctx.lin_copy2d(w, In::F32, n, k, np, kp, false, Out::Bf16)?;
+            // BF16 activations with aligned shapes are read in place; other
+            // inputs become zero-padded BF16 copies.
+            let (dya, xa);
+            let (dy_op, x_op) = if aligned(s) && act == DType::BF16 {
+                (dy, x)
+            } else {
+                dya = ctx.lin_copy2d(dy, ain, m, n, mp, np, false, Out::Bf16)?;
+                xa = ctx.lin_copy2d(x, In::Bf16, m, k, mp, kp, false, Out::Bf16)?;
+                (&dya, &xa)
+            };
+            // dgrad dx = dy W: reduction over N; W [n, k] is read as its columns.
+            let dx = ctx.lin_gemm(
+                &Operand::rows(dy_op, GemmDType::Bf16, np),
+                &Operand::cols(&wb, GemmDType::Bf16, kp),
+                GemmShape { m: mp, n: kp, k: np },
+                Post {
+                    crop: crop(m, k, mp, kp),
+                    ..Post::default()
+                },
+                aout,
+            )?;
+            // wgrad dW = dy^T x: reduction over M; both read as columns.
+            let dw = ctx.lin_gemm(
+                &Operand::cols(dy_op, GemmDType::Bf16, np),
+                &Operand::cols(x_op, GemmDType::Bf16, kp),
+                GemmShape { m: np, n: kp, k: mp },
+                Post {
+                    crop: crop(n, k, np, kp),
+                    ..Post::default()
+                },
+                Out::F32,
+            )?;
             (dx, dw)
         }
         (RecipeKind::Fp8 | RecipeKind::Fp8Fnuz, SavedDevice::Fp8 { x, w: wq, .. }) => {
             let (fwd, grad) = recipe.fp8_formats();
-            let mut tmp = None;
-            let dyf = ctx.lin_f32(dy, act, m, n, &mut tmp)?;
-            let dyq = ctx.quantize_fp8_tensorwise(dyf, m * n, grad, recipe.pow2)?;
-            let (sdy, sw, sx) = (dyq.scale_inv_ptr(), wq.scale_inv_ptr(), x.scale_inv_ptr());
-            let r = if recipe.kind == RecipeKind::Fp8 {
-                let (mp, np, kp) = (r16(m), r16(n), r16(k));
-                let (gd, fd) = (fp8_dtype(grad), fp8_dtype(fwd));
-                let u8c = |src: &DevBuf, rows, cols, orr, oc, t| {
-                    ctx.lin_copy2d(src, In::U8, rows, cols, orr, oc, t, Out::U8)
-                };
-                // dgrad: dy [mp, np] x (W^T) [kp, np].
-                let dya = if mp == m && np == n {
-                    None
-                } else {
-                    Some(u8c(&dyq.codes, m, n, mp, np, false)?)
-                };
-                let wt = u8c(&wq.codes, n, k, kp, np, true)?;
-                let dx = ctx.lin_fp8_gemm(
-                    (dya.as_ref().unwrap_or(&dyq.codes), gd, sdy),
-                    (&wt, fd, sw),
-                    m,
-                    k,
-                    n,
-                    None,
-                    aout,
-                )?;
-                drop((dya, wt));
-                // wgrad: (dy^T) [np, mp] x (x^T) [kp, mp].
-                let dyt = u8c(&dyq.codes, m, n, np, mp, true)?;
-                let xt = u8c(&x.codes, m, k, kp, mp, true)?;
-                let dw = ctx.lin_fp8_gemm((&dyt, gd, sdy), (&xt, fd, sx), n, k, m, None, Out::F32)?;
-                (dx, dw)
-            } else {
-                let (mp, np) = (r16(m), r16(n));
-                let (gi, fi) = (decoded(grad), decoded(fwd));
-                let dya = ctx.lin_copy2d(&dyq.codes, gi, m, n, m, np, false, Out::Bf16)?;
-                let wt = ctx.lin_copy2d(&wq.codes, fi, n, k, k, np, true, Out::Bf16)?;
-                let dx = ctx.lin_bf16_gemm(&dya, &wt, m, k, np, Some((sdy, sw)), None, aout)?;
-                drop((dya, wt));
-                let dyt = ctx.lin_copy2d(&dyq.codes, gi, m, n, n, mp, true, Out::Bf16)?;
-                let xt = ctx.lin_copy2d(&x.codes, fi, m, k, k, mp, true, Out::Bf16)?;
-                let dw = ctx.lin_bf16_gemm(&dyt, &xt, n, k, mp, Some((sdy, sx)), None, Out::F32)?;
-                (dx, dw)
-            };
-            dyq.check_finite(ctx, &lctx.label("gradient"))?;
-            r
+            let dyq = ctx.quantize_fp8_2d(
+                dy,
+                act,
+                m,
+                n,
+                grad,
+                recipe.pow2,
+                16,
+                Fp8Outputs {
+                    rows: true,
+                    cols: true,
+                },
+            )?;
+            ctx.defer_finite_check(dyq.amax_ptr(), lctx.label("gradient"))?;
+            let sdy = dyq.scale_inv_ptr();
+            // dgrad: dy [mp, np] x (W^T) [kp, np].
+            let dx = ctx.lin_fp8_gemm(
+                recipe.kind,
+                grad,
+                (rows_of(&dyq)?, sdy),
+                fwd,
+                (cols_of(wq)?, wq.scale_inv_ptr()),
+                GemmShape { m: mp, n: kp, k: np },
+                Post {
+                    crop: crop(m, k, mp, kp),
+                    ..Post::default()
+                },
+                aout,
+            )?;
+            // wgrad: (dy^T) [np, mp] x (x^T) [kp, mp].
+            let dw = ctx.lin_fp8_gemm(
+                recipe.kind,
+                grad,
+                (cols_of(&dyq)?, sdy),
+                fwd,
+                (cols_of(x)?, x.scale_inv_ptr()),
+                GemmShape { m: np, n: kp, k: mp },
+                Post {
+                    crop: crop(n, k, np, kp),
+                    ..Post::default()
+                },
+                Out::F32,
+            )?;
+            (dx, dw)
         }
         (RecipeKind::Mxfp4 | RecipeKind::Mxfp8, SavedDevice::Mx { x_m, w_n }) => {
             let cfg = recipe.mx_config();
             let sr = |id: u64| lctx.sr_key(recipe, id);
-            let mut tmp = None;
-            let dyf = ctx.lin_f32(dy, act, m, n, &mut tmp)?;
-            // dgrad: reduction over N.
-            let dy_n = ctx.quantize_mx_rows(dyf, m, n, &MxConfig { sr: sr(0), ..cfg })?;
-            let a = ctx.dequantize_mx(&dy_n, DequantLayout::Rows, DType::BF16)?;
-            let bw = ctx.dequantize_mx(w_n, DequantLayout::Rows, DType::BF16)?;
-            let dx = ctx.lin_bf16_gemm(&a, &bw, m, k, dy_n.padded_len, None, None, aout)?;
-            drop((a, bw, dy_n));
-            // wgrad: reduction over M, both operands rotated alike.
-            let dyt = ctx.lin_copy2d(dyf, In::F32, m, n, n, m, true, Out::F32)?;
-            let dy_m = ctx.quantize_mx_rows(
-                &dyt,
-                n,
+            // dy along N for dgrad and along M (rotated alike with x) for wgrad.
+            let (dy_n, dy_m) = ctx.mx_tile(
+                dy,
+                act,
                 m,
-                &MxConfig {
+                n,
+                &cfg,
+                Some(MxWant {
+                    deq: true,
+                    sr: sr(0),
+                    ..MxWant::default()
+                }),
+                Some(MxWant {
+                    deq: true,
                     sr: sr(1),
                     hadamard: recipe.hadamard,
-                    ..cfg
-                },
+                    ..MxWant::default()
+                }),
             )?;
-            drop(dyt);
-            let a = ctx.dequantize_mx(&dy_m, DequantLayout::Rows, DType::BF16)?;
+            let (pn, pm) = (w_n.padded_len, x_m.padded_len);
+            let bw = ctx.dequantize_mx(w_n, DequantLayout::Rows, DType::BF16)?;
+            let dx = ctx.lin_gemm(
+                &Operand::rows(dy_n.deq()?, GemmDType::Bf16, pn),
+                &Operand::rows(&bw, GemmDType::Bf16, pn),
+                GemmShape { m, n: k, k: pn },
+                Post::default(),
+                aout,
+            )?;
+            drop((bw, dy_n));
             let bx = ctx.dequantize_mx(x_m, DequantLayout::Rows, DType::BF16)?;
-            let dw = ctx.lin_bf16_gemm(&a, &bx, n, k, dy_m.padded_len, None, None, Out::F32)?;
+            let dw = ctx.lin_gemm(
+                &Operand::rows(dy_m.deq()?, GemmDType::Bf16, pm),
+                &Operand::rows(&bx, GemmDType::Bf16, pm),
+                GemmShape { m: n, n: k, k: pm },
+                Post::default(),
+                Out::F32,
+            )?;
             (dx, dw)
         }
         (kind, _) => {

@@ -42,13 +42,14 @@ pub const QUANTIZE_FP8: KernelSource = KernelSource {
 };
 
 /// Every kernel source of the backend, for compile checks.
-pub fn all_sources() -> [KernelSource; 5] {
+pub fn all_sources() -> [KernelSource; 6] {
     [
         QUANTIZE_MX,
         QUANTIZE_FP8,
         super::linear::LINEAR_OPS,
         super::storage::OPS,
         super::adamw::ADAMW,
+        super::linear::MX_TILE,
     ]
 }
 

@@ -2,6 +2,12 @@
 //! (SPEC section 3), bit-exact with [`crate::quant::quantize_rows`] and
 //! [`crate::quant::quantize_tensorwise`]. The kernels are in
 //! `runtime/kernels/quantize_mx.cu` and `quantize_fp8.cu`.
+//!
+//! Inputs are f32 or BF16 (the `*_of` entry points take a [`DType`]); BF16
+//! widens to f32 exactly, so the codes are the CPU's on the widened values.
+//! FP8 also has a 2-D cast that writes a matrix's codes and/or their
+//! transpose, zero-padded, from one read of the input
+//! ([`CudaContext::quantize_fp8_2d`]).
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
@@ -11,15 +17,26 @@ use crate::formats::ElemFormat;
 use crate::quant::{mx::padded, MxConfig, ScaleMode, BLOCK};
 use crate::DType;
 
-/// Threads per CTA of the MX kernels = blocks per CTA (QTHREADS in quantize_mx.cu).
+/// Threads per CTA of the MX quantize kernels, one block each (QUANT_THREADS
+/// in quantize_mx.cu).
+const MX_QUANT_THREADS: u32 = 256;
+/// Threads per CTA of the MX dequantize kernels = blocks per CTA (QTHREADS).
 const MX_THREADS: u32 = 128;
-/// Threads per CTA of the tile-scale, FP8 cast and dequantize kernels.
+/// Threads per CTA of the tile-scale and FP8 dequantize kernels.
 const THREADS: u32 = 256;
-/// Most CTAs of the FP8 amax reduction (each ends in one atomicMax).
-const AMAX_MAX_CTAS: u64 = 1024;
-/// Elements per thread of the FP8 cast (CAST_VEC in quantize_fp8.cu).
-const CAST_VEC: u64 = 4;
-/// Byte offsets in the FP8 state buffer (16-byte slots; quantize_fp8.cu).
+/// Threads per CTA of the FP8 amax and scale reductions (AMAX_THREADS).
+const AMAX_THREADS: u32 = 256;
+/// CTAs per SM of the FP8 amax grid-stride loop: enough 16-byte loads in
+/// flight to keep HBM busy, few enough partials for one reducing CTA.
+const AMAX_CTAS_PER_SM: u64 = 8;
+/// Threads per CTA of the FP8 casts (CAST_THREADS) and elements per thread
+/// of the 1-D cast (CAST_ELEMS).
+const CAST_THREADS: u32 = 256;
+const CAST_ELEMS: u64 = 16;
+/// Side of the square tile of the 2-D FP8 cast (TILE).
+const CAST_TILE: u64 = 64;
+/// Bytes of the FP8 state before the amax partials: amax, scale and
+/// scale_inv, one 16-byte slot each (quantize_fp8.cu).
 const FP8_STATE_BYTES: usize = 48;
 const FP8_SCALE_INV_OFFSET: u64 = 32;
 
@@ -76,36 +93,98 @@ pub struct Fp8Device {
 impl Fp8Device {
     /// Device address of scale_inv, the f32 a GEMM multiplies its result by.
     pub fn scale_inv_ptr(&self) -> u64 {
-        self.state.ptr() + FP8_SCALE_INV_OFFSET
+        state_scale_inv_ptr(&self.state)
     }
 
     /// (amax, scale, scale_inv), read back to the host (waits for the stream).
     pub fn read_scales(&self, ctx: &CudaContext) -> Result<(f32, f32, f32)> {
-        let w: Vec<u32> = ctx.download(&self.state, FP8_STATE_BYTES / 4)?;
-        Ok((
-            f32::from_bits(w[0]),
-            f32::from_bits(w[4]),
-            f32::from_bits(w[8]),
-        ))
+        read_state(ctx, &self.state)
     }
 
     /// SPEC section 3: a non-finite amax is an error naming the tensor. Waits
     /// for the stream, so callers batch it (for example once per step).
     pub fn check_finite(&self, ctx: &CudaContext, name: &str) -> Result<()> {
-        let (amax, _, _) = self.read_scales(ctx)?;
-        if amax.is_finite() {
-            Ok(())
-        } else {
-            Err(crate::Error::NonFiniteAmax {
-                tensor: name.to_string(),
-                amax,
-            }
-            .into())
-        }
+        check_state_finite(ctx, &self.state, name)
     }
 }
 
-fn mode_arg(m: ScaleMode) -> i32 {
+/// Which orientations the 2-D FP8 cast writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fp8Outputs {
+    /// The codes in the input's layout, `[rows_pad, cols_pad]`.
+    pub rows: bool,
+    /// The transposed codes, `[cols_pad, rows_pad]`.
+    pub cols: bool,
+}
+
+/// A `[rows, cols]` matrix quantized to FP8 with one dynamic scale, with its
+/// codes zero-padded and in one or both orientations (the operands of a
+/// linear's GEMMs: x for fprop and x^T for wgrad, and so on).
+pub struct Fp8Device2d {
+    pub rows: usize,
+    pub cols: usize,
+    pub rows_pad: usize,
+    pub cols_pad: usize,
+    pub elem: ElemFormat,
+    /// `[rows_pad, cols_pad]` codes, if asked for; padding is the zero code.
+    pub codes: Option<DevBuf>,
+    /// `[cols_pad, rows_pad]` codes (the transpose), if asked for.
+    pub codes_t: Option<DevBuf>,
+    /// amax bits, scale and scale_inv, one 16-byte slot each (as [`Fp8Device`]).
+    pub state: DevBuf,
+}
+
+impl Fp8Device2d {
+    /// Device address of the amax bits (the state's first word).
+    pub fn amax_ptr(&self) -> u64 {
+        self.state.ptr()
+    }
+
+    /// Device address of scale_inv, shared by both orientations.
+    pub fn scale_inv_ptr(&self) -> u64 {
+        state_scale_inv_ptr(&self.state)
+    }
+
+    /// (amax, scale, scale_inv), read back to the host (waits for the stream).
+    pub fn read_scales(&self, ctx: &CudaContext) -> Result<(f32, f32, f32)> {
+        read_state(ctx, &self.state)
+    }
+
+    /// SPEC section 3: a non-finite amax is an error naming the tensor.
+    pub fn check_finite(&self, ctx: &CudaContext, name: &str) -> Result<()> {
+        check_state_finite(ctx, &self.state, name)
+    }
+}
+
+/// Device address of scale_inv in an FP8 state buffer.
+pub fn state_scale_inv_ptr(state: &DevBuf) -> u64 {
+    state.ptr() + FP8_SCALE_INV_OFFSET
+}
+
+/// (amax, scale, scale_inv) of an FP8 state buffer (waits for the stream).
+pub fn read_state(ctx: &CudaContext, state: &DevBuf) -> Result<(f32, f32, f32)> {
+    let w: Vec<u32> = ctx.download(state, FP8_STATE_BYTES / 4)?;
+    Ok((
+        f32::from_bits(w[0]),
+        f32::from_bits(w[4]),
+        f32::from_bits(w[8]),
+    ))
+}
+
+fn check_state_finite(ctx: &CudaContext, state: &DevBuf, name: &str) -> Result<()> {
+    let (amax, _, _) = read_state(ctx, state)?;
+    if amax.is_finite() {
+        Ok(())
+    } else {
+        Err(crate::Error::NonFiniteAmax {
+            tensor: name.to_string(),
+            amax,
+        }
+        .into())
+    }
+}
+
+pub(crate) fn mode_arg(m: ScaleMode) -> i32 {
     match m {
         ScaleMode::Floor => 0,
         ScaleMode::Ceil => 1,
@@ -114,22 +193,54 @@ fn mode_arg(m: ScaleMode) -> i32 {
     }
 }
 
-/// Kernel names of one MX element format (quantize_mx.cu).
+/// Bytes per element of a quantizer input: f32 or BF16.
+fn input_size(dtype: DType) -> Result<usize> {
+    match dtype {
+        DType::F32 | DType::BF16 => Ok(dtype.size_in_bytes()),
+        other => Err(CudaError::Invalid(format!(
+            "quantizers read f32 or bf16 input, not {other:?}"
+        ))),
+    }
+}
+
+/// Picks the f32 or BF16 instance of a kernel (call after [`input_size`]).
+fn by_input(dtype: DType, f32_name: &'static str, bf16_name: &'static str) -> &'static str {
+    if dtype == DType::BF16 {
+        bf16_name
+    } else {
+        f32_name
+    }
+}
+
+/// Kernel names of one MX element format and input type (quantize_mx.cu).
 struct MxKernels {
+    /// Every option (Hadamard, SR, tile phases).
     quantize: &'static str,
+    /// No Hadamard, SR or tiles: the production 1x32 path.
+    quantize_plain: &'static str,
     tile_scales: &'static str,
     dequantize: &'static str,
 }
 
-fn mx_kernels(elem: ElemFormat) -> Result<MxKernels> {
+fn mx_kernels(elem: ElemFormat, dtype: DType) -> Result<MxKernels> {
     match elem {
         ElemFormat::E2M1 => Ok(MxKernels {
-            quantize: "quantize_mx_e2m1",
+            quantize: by_input(dtype, "quantize_mx_e2m1_f32", "quantize_mx_e2m1_bf16"),
+            quantize_plain: by_input(
+                dtype,
+                "quantize_mx_plain_e2m1_f32",
+                "quantize_mx_plain_e2m1_bf16",
+            ),
             tile_scales: "mx_tile_scales_e2m1",
             dequantize: "dequantize_mx_e2m1",
         }),
         ElemFormat::E4M3FN => Ok(MxKernels {
-            quantize: "quantize_mx_e4m3fn",
+            quantize: by_input(dtype, "quantize_mx_e4m3fn_f32", "quantize_mx_e4m3fn_bf16"),
+            quantize_plain: by_input(
+                dtype,
+                "quantize_mx_plain_e4m3fn_f32",
+                "quantize_mx_plain_e4m3fn_bf16",
+            ),
             tile_scales: "mx_tile_scales_e4m3fn",
             dequantize: "dequantize_mx_e4m3fn",
         }),
@@ -139,25 +250,49 @@ fn mx_kernels(elem: ElemFormat) -> Result<MxKernels> {
     }
 }
 
-/// Kernel names of one FP8 element format (quantize_fp8.cu).
+/// Kernel names of one FP8 element format and input type (quantize_fp8.cu).
 struct Fp8Kernels {
+    amax: &'static str,
     cast: &'static str,
+    cast_2d: &'static str,
     dequantize: &'static str,
 }
 
-fn fp8_kernels(elem: ElemFormat) -> Result<Fp8Kernels> {
-    let (cast, dequantize) = match elem {
-        ElemFormat::E4M3FN => ("fp8_cast_e4m3fn", "fp8_dequantize_e4m3fn"),
-        ElemFormat::E5M2 => ("fp8_cast_e5m2", "fp8_dequantize_e5m2"),
-        ElemFormat::E4M3FNUZ => ("fp8_cast_e4m3fnuz", "fp8_dequantize_e4m3fnuz"),
-        ElemFormat::E5M2FNUZ => ("fp8_cast_e5m2fnuz", "fp8_dequantize_e5m2fnuz"),
+fn fp8_kernels(elem: ElemFormat, dtype: DType) -> Result<Fp8Kernels> {
+    macro_rules! names {
+        ($fmt:literal) => {
+            (
+                by_input(
+                    dtype,
+                    concat!("fp8_cast_", $fmt, "_f32"),
+                    concat!("fp8_cast_", $fmt, "_bf16"),
+                ),
+                by_input(
+                    dtype,
+                    concat!("fp8_cast_2d_", $fmt, "_f32"),
+                    concat!("fp8_cast_2d_", $fmt, "_bf16"),
+                ),
+                concat!("fp8_dequantize_", $fmt),
+            )
+        };
+    }
+    let (cast, cast_2d, dequantize) = match elem {
+        ElemFormat::E4M3FN => names!("e4m3fn"),
+        ElemFormat::E5M2 => names!("e5m2"),
+        ElemFormat::E4M3FNUZ => names!("e4m3fnuz"),
+        ElemFormat::E5M2FNUZ => names!("e5m2fnuz"),
         ElemFormat::E2M1 => {
             return Err(CudaError::Invalid(
                 "tensorwise FP8 needs an 8-bit element format, not e2m1".into(),
             ))
         }
     };
-    Ok(Fp8Kernels { cast, dequantize })
+    Ok(Fp8Kernels {
+        amax: by_input(dtype, "fp8_amax_f32", "fp8_amax_bf16"),
+        cast,
+        cast_2d,
+        dequantize,
+    })
 }
 
 /// A 1-D launch of `threads`-thread CTAs, each covering `per_cta` of `items`.
@@ -200,16 +335,36 @@ impl CudaContext {
         len: usize,
         cfg: &MxConfig,
     ) -> Result<MxDevice> {
-        let names = mx_kernels(cfg.elem)?;
-        if x.len_bytes() < rows * len * 4 {
+        self.quantize_mx_rows_of(x, DType::F32, rows, len, cfg)
+    }
+
+    /// [`Self::quantize_mx_rows`] of f32 or BF16 input. BF16 widens to f32
+    /// exactly, so the result is the CPU quantizer's on the widened values.
+    pub fn quantize_mx_rows_of(
+        &self,
+        x: &DevBuf,
+        dtype: DType,
+        rows: usize,
+        len: usize,
+        cfg: &MxConfig,
+    ) -> Result<MxDevice> {
+        let size = input_size(dtype)?;
+        let names = mx_kernels(cfg.elem, dtype)?;
+        if x.len_bytes() < rows * len * size {
             return Err(CudaError::Invalid(format!(
-                "{} bytes do not hold {rows} rows of {len} f32",
+                "{} bytes do not hold {rows} rows of {len} {dtype:?}",
                 x.len_bytes()
             )));
         }
         let padded_len = padded(len);
         let nb = padded_len / BLOCK;
         let nblocks = rows * nb;
+        // The kernels number blocks (and their threads) in 32 bits.
+        if nblocks + MX_QUANT_THREADS as usize > u32::MAX as usize {
+            return Err(CudaError::Invalid(format!(
+                "{rows} rows of {len} make {nblocks} MX blocks, over the 32-bit block index"
+            )));
+        }
         let q = MxDevice {
             rows,
             len,
@@ -238,8 +393,14 @@ impl CudaContext {
             ),
             None => (0, 0, 0, 0, 0),
         };
-        let quantize = self.function(&QUANTIZE_MX, names.quantize)?;
-        let cfg_q = grid(nblocks as u64, MX_THREADS as u64, MX_THREADS)?;
+        let plain = !cfg.hadamard && cfg.sr.is_none() && !cfg.tile2d;
+        let name = if plain {
+            names.quantize_plain
+        } else {
+            names.quantize
+        };
+        let quantize = self.function(&QUANTIZE_MX, name)?;
+        let cfg_q = grid(nblocks as u64, MX_QUANT_THREADS as u64, MX_QUANT_THREADS)?;
         let (xp, cp, sp) = (x.ptr(), q.codes.ptr(), q.scales.ptr());
         self.bind()?;
         let launch = |phase: i32, amax_ptr: u64| -> Result<()> {
@@ -259,10 +420,12 @@ impl CudaContext {
                 .arg(&seed_hi)
                 .arg(&step)
                 .arg(&tensor_id);
-            // SAFETY: argument types and buffer sizes match quantize_mx_* in quantize_mx.cu.
+            // SAFETY: argument types and buffer sizes match quantize_mx_* in
+            // quantize_mx.cu; x, codes and scales come from the pool
+            // (256-byte aligned), as its 16-byte loads and stores need.
             unsafe { b.launch(cfg_q) }
                 .map(|_| ())
-                .map_err(driver_err(format!("launch {}", names.quantize)))
+                .map_err(driver_err(format!("launch {name}")))
         };
         if !cfg.tile2d {
             launch(PHASE_QUANTIZE, 0)?;
@@ -290,7 +453,7 @@ impl CudaContext {
         layout: DequantLayout,
         dtype: DType,
     ) -> Result<DevBuf> {
-        let names = mx_kernels(q.config.elem)?;
+        let names = mx_kernels(q.config.elem, DType::F32)?;
         let (out_len, unrotate) = match layout {
             DequantLayout::Rows => (q.padded_len, 0i32),
             DequantLayout::Input => (q.len, q.config.hadamard as i32),
@@ -334,52 +497,206 @@ impl CudaContext {
         elem: ElemFormat,
         pow2: bool,
     ) -> Result<Fp8Device> {
-        let names = fp8_kernels(elem)?;
-        if x.len_bytes() < numel * 4 {
+        self.quantize_fp8_of(x, DType::F32, numel, elem, pow2)
+    }
+
+    /// [`Self::quantize_fp8_tensorwise`] of f32 or BF16 input: amax and
+    /// scale ([`Self::fp8_amax_scale`]), then the cast ([`Self::fp8_cast`]).
+    pub fn quantize_fp8_of(
+        &self,
+        x: &DevBuf,
+        dtype: DType,
+        numel: usize,
+        elem: ElemFormat,
+        pow2: bool,
+    ) -> Result<Fp8Device> {
+        let state = self.fp8_amax_scale(x, dtype, numel, elem, pow2)?;
+        self.fp8_cast(x, dtype, numel, elem, state)
+    }
+
+    /// The FP8 scale state of `numel` f32 or BF16 values: amax, scale and
+    /// scale_inv in the slots [`Fp8Device`] documents (then the per-CTA
+    /// partials of the amax). Two launches, no host sync; the result feeds
+    /// [`Self::fp8_cast`] or [`Self::fp8_cast_2d`], and
+    /// [`state_scale_inv_ptr`] gives the GEMM's scale pointer.
+    pub fn fp8_amax_scale(
+        &self,
+        x: &DevBuf,
+        dtype: DType,
+        numel: usize,
+        elem: ElemFormat,
+        pow2: bool,
+    ) -> Result<DevBuf> {
+        let size = input_size(dtype)?;
+        let names = fp8_kernels(elem, dtype)?;
+        if x.len_bytes() < numel * size {
             return Err(CudaError::Invalid(format!(
-                "{} bytes do not hold {numel} f32",
+                "{} bytes do not hold {numel} {dtype:?}",
                 x.len_bytes()
             )));
         }
+        let n = numel as u64;
+        // 16-byte vectors of the input, spread over a few CTAs per SM.
+        let vectors = n / (16 / size as u64);
+        let sms = self.info().multiprocessors.max(1) as u64;
+        let parts: u64 = if n == 0 {
+            0
+        } else {
+            vectors
+                .div_ceil(AMAX_THREADS as u64)
+                .clamp(1, sms * AMAX_CTAS_PER_SM)
+        };
+        let state = self.alloc(FP8_STATE_BYTES + 4 * parts as usize)?;
+        let (xp, stp) = (x.ptr(), state.ptr());
+        self.bind()?;
+        if parts > 0 {
+            let f = self.function(&QUANTIZE_FP8, names.amax)?;
+            let mut b = self.stream().launch_builder(&f);
+            b.arg(&xp).arg(&n).arg(&stp);
+            // SAFETY: matches fp8_amax_* in quantize_fp8.cu; the state holds
+            // `parts` partials; x is 256-byte aligned for the 16-byte loads.
+            unsafe { b.launch(grid(parts, 1, AMAX_THREADS)?) }
+                .map_err(driver_err(format!("launch {}", names.amax)))?;
+        }
+        let f = self.function(&QUANTIZE_FP8, "fp8_scale")?;
+        let (parts32, fmt_max, pow2) = (parts as u32, elem.max_value(), pow2 as i32);
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(&stp).arg(&parts32).arg(&fmt_max).arg(&pow2);
+        // SAFETY: matches fp8_scale in quantize_fp8.cu (one CTA).
+        unsafe { b.launch(grid(1, 1, AMAX_THREADS)?) }.map_err(driver_err("launch fp8_scale"))?;
+        Ok(state)
+    }
+
+    /// Casts `numel` f32 or BF16 values with the scale in `state` (from
+    /// [`Self::fp8_amax_scale`] with the same `elem`).
+    pub fn fp8_cast(
+        &self,
+        x: &DevBuf,
+        dtype: DType,
+        numel: usize,
+        elem: ElemFormat,
+        state: DevBuf,
+    ) -> Result<Fp8Device> {
+        let size = input_size(dtype)?;
+        let names = fp8_kernels(elem, dtype)?;
+        check_cast_args(x, numel * size, &state)?;
         let q = Fp8Device {
             numel,
             elem,
             codes: self.alloc(numel)?,
-            state: self.alloc_zeroed(FP8_STATE_BYTES)?,
+            state,
         };
-        let (xp, stp, cp) = (x.ptr(), q.state.ptr(), q.codes.ptr());
         let n = numel as u64;
-        self.bind()?;
         if n > 0 {
-            let f = self.function(&QUANTIZE_FP8, "fp8_amax")?;
-            let ctas = n.div_ceil(THREADS as u64).min(AMAX_MAX_CTAS);
-            let mut b = self.stream().launch_builder(&f);
-            b.arg(&xp).arg(&n).arg(&stp);
-            // SAFETY: matches fp8_amax in quantize_fp8.cu.
-            unsafe { b.launch(grid(ctas, 1, THREADS)?) }.map_err(driver_err("launch fp8_amax"))?;
-        }
-        let f = self.function(&QUANTIZE_FP8, "fp8_scale")?;
-        let fmt_max = elem.max_value();
-        let pow2 = pow2 as i32;
-        let mut b = self.stream().launch_builder(&f);
-        b.arg(&stp).arg(&fmt_max).arg(&pow2);
-        // SAFETY: matches fp8_scale in quantize_fp8.cu.
-        unsafe { b.launch(grid(1, 1, 1)?) }.map_err(driver_err("launch fp8_scale"))?;
-        if n > 0 {
+            let (xp, stp, cp) = (x.ptr(), q.state.ptr(), q.codes.ptr());
             let f = self.function(&QUANTIZE_FP8, names.cast)?;
+            self.bind()?;
             let mut b = self.stream().launch_builder(&f);
             b.arg(&xp).arg(&stp).arg(&cp).arg(&n);
+            let threads = n.div_ceil(CAST_ELEMS);
             // SAFETY: matches fp8_cast_* in quantize_fp8.cu; x and codes come
-            // from the pool (256-byte aligned) so the float4 loads are aligned.
-            unsafe { b.launch(grid(n.div_ceil(CAST_VEC), THREADS as u64, THREADS)?) }
+            // from the pool (256-byte aligned), as the 16-byte accesses need.
+            unsafe { b.launch(grid(threads, CAST_THREADS as u64, CAST_THREADS)?) }
                 .map_err(driver_err(format!("launch {}", names.cast)))?;
         }
         Ok(q)
     }
 
+    /// FP8 tensorwise quantization of a row-major `[rows, cols]` f32 or BF16
+    /// matrix, writing the codes `[rows_pad, cols_pad]` and/or their
+    /// transpose `[cols_pad, rows_pad]` as `outputs` asks, where rows_pad and
+    /// cols_pad are rows and cols rounded up to a multiple of `pad_to` and
+    /// the padding is the zero code. One read of the input for both.
+    #[allow(clippy::too_many_arguments)]
+    pub fn quantize_fp8_2d(
+        &self,
+        x: &DevBuf,
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        elem: ElemFormat,
+        pow2: bool,
+        pad_to: usize,
+        outputs: Fp8Outputs,
+    ) -> Result<Fp8Device2d> {
+        let state = self.fp8_amax_scale(x, dtype, rows * cols, elem, pow2)?;
+        self.fp8_cast_2d(x, dtype, rows, cols, elem, state, pad_to, outputs)
+    }
+
+    /// The cast of [`Self::quantize_fp8_2d`] with the scale in `state` (from
+    /// [`Self::fp8_amax_scale`] with the same `elem`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn fp8_cast_2d(
+        &self,
+        x: &DevBuf,
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        elem: ElemFormat,
+        state: DevBuf,
+        pad_to: usize,
+        outputs: Fp8Outputs,
+    ) -> Result<Fp8Device2d> {
+        let size = input_size(dtype)?;
+        let names = fp8_kernels(elem, dtype)?;
+        check_cast_args(x, rows * cols * size, &state)?;
+        if pad_to == 0 {
+            return Err(CudaError::Invalid("pad_to must be at least 1".into()));
+        }
+        let (rows_pad, cols_pad) = (rows.next_multiple_of(pad_to), cols.next_multiple_of(pad_to));
+        let bytes = rows_pad * cols_pad;
+        let q = Fp8Device2d {
+            rows,
+            cols,
+            rows_pad,
+            cols_pad,
+            elem,
+            codes: if outputs.rows {
+                Some(self.alloc(bytes)?)
+            } else {
+                None
+            },
+            codes_t: if outputs.cols {
+                Some(self.alloc(bytes)?)
+            } else {
+                None
+            },
+            state,
+        };
+        if bytes == 0 || !(outputs.rows || outputs.cols) {
+            return Ok(q);
+        }
+        let (rows32, cols32, rows_pad32, cols_pad32) = (
+            to_u32(rows, "rows")?,
+            to_u32(cols, "cols")?,
+            to_u32(rows_pad, "padded rows")?,
+            to_u32(cols_pad, "padded cols")?,
+        );
+        let ptr = |b: &Option<DevBuf>| b.as_ref().map_or(0, DevBuf::ptr);
+        let (xp, stp, cp, ctp) = (x.ptr(), q.state.ptr(), ptr(&q.codes), ptr(&q.codes_t));
+        let tiles = (rows_pad as u64).div_ceil(CAST_TILE) * (cols_pad as u64).div_ceil(CAST_TILE);
+        let f = self.function(&QUANTIZE_FP8, names.cast_2d)?;
+        self.bind()?;
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(&xp)
+            .arg(&stp)
+            .arg(&cp)
+            .arg(&ctp)
+            .arg(&rows32)
+            .arg(&cols32)
+            .arg(&rows_pad32)
+            .arg(&cols_pad32);
+        // SAFETY: matches fp8_cast_2d_* in quantize_fp8.cu; each output holds
+        // rows_pad * cols_pad bytes (a null one is skipped); 16-byte accesses
+        // are used only where the row lengths keep them aligned.
+        unsafe { b.launch(grid(tiles, 1, CAST_THREADS)?) }
+            .map_err(driver_err(format!("launch {}", names.cast_2d)))?;
+        Ok(q)
+    }
+
     /// decode(code) * scale_inv for every element, as f32 or BF16.
     pub fn dequantize_fp8(&self, q: &Fp8Device, dtype: DType) -> Result<DevBuf> {
-        let names = fp8_kernels(q.elem)?;
+        let names = fp8_kernels(q.elem, DType::F32)?;
         let out = self.alloc(q.numel * dtype.size_in_bytes())?;
         let (of, ob) = out_pointers(&out, dtype)?;
         let n = q.numel as u64;
@@ -396,4 +713,21 @@ impl CudaContext {
             .map_err(driver_err(format!("launch {}", names.dequantize)))?;
         Ok(out)
     }
+}
+
+/// The input holds `bytes` and the state has its scale slots.
+fn check_cast_args(x: &DevBuf, bytes: usize, state: &DevBuf) -> Result<()> {
+    if x.len_bytes() < bytes {
+        return Err(CudaError::Invalid(format!(
+            "{} bytes of input, {bytes} needed",
+            x.len_bytes()
+        )));
+    }
+    if state.len_bytes() < FP8_STATE_BYTES {
+        return Err(CudaError::Invalid(format!(
+            "an FP8 state of {} bytes, not one from fp8_amax_scale",
+            state.len_bytes()
+        )));
+    }
+    Ok(())
 }

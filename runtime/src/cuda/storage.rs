@@ -1,7 +1,8 @@
 //! The CUDA backend of the tensor runtime: [`CudaStorage`] and [`CudaDevice`]
 //! implement [`BackendStorage`] / [`BackendDevice`] with NVRTC kernels
 //! (`runtime/kernels/ops_elementwise.cu` and `ops_rowwise.cu`, one module)
-//! and, for BF16 matmuls, cuBLASLt through [`CudaContext::gemm_nt`].
+//! and, for matmuls, one strided-batched cuBLASLt call through
+//! [`CudaContext::gemm`] (the tiled `ops_matmul_*` kernels when it refuses).
 //!
 //! Numerics follow the CPU reference (`cpu/`): floats compute in f32, BF16 is
 //! widened exactly and rounded back RNE. Element-wise ops built from `+ - * /`
@@ -19,11 +20,12 @@
 
 use crate::shape::coalesce;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use cudarc::driver::{result as dresult, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
-use super::gemm::{GemmDType, GemmOperand};
+use super::gemm::{GemmDType, GemmOperand, GemmSpec, MatLayout};
 use super::nvrtc::KernelSource;
 use super::{driver_err, CudaContext, CudaError, DevBuf};
 use crate::backend::{BackendDevice, BackendStorage};
@@ -43,12 +45,28 @@ pub const OPS: KernelSource = KernelSource {
 
 /// Most dims of a strided view after coalescing (OPS_MAX_RANK in the kernels).
 pub const OPS_MAX_RANK: usize = 6;
+
+/// Rows of threads per CTA of `ops_reduce_cols` (COL_GROUPS in ops_rowwise.cu).
+const REDUCE_COL_GROUPS: u32 = 16;
 /// Threads per CTA (OPS_THREADS in the kernels).
 const THREADS: u32 = 256;
 /// Most CTAs of a grid-stride launch.
 const MAX_CTAS: u64 = 1 << 20;
 /// Side of the matmul tile (MM_TILE).
 const MM_TILE: u32 = 16;
+
+/// Matmuls that missed the fast path since the process started: index 0
+/// counts first cuBLASLt attempts that failed (then retried from packed
+/// copies), index 1 retries that failed too (the tiled kernel ran).
+static MATMUL_FALLBACKS: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+
+/// See [`MATMUL_FALLBACKS`]: `[packed retries, tiled kernel runs]`, for
+/// checks and benchmarks that must know which path ran.
+pub fn matmul_fallbacks() -> [usize; 2] {
+    MATMUL_FALLBACKS
+        .each_ref()
+        .map(|c| c.load(Ordering::Relaxed))
+}
 
 /// A strided view as the kernels take it (struct Strided in ops_elementwise.cu).
 #[repr(C)]
@@ -365,75 +383,112 @@ impl CudaStorage {
         )
     }
 
-    /// BF16 `[.., M, K] x [.., K, N]` through cuBLASLt, one GEMM per batch
-    /// matrix: the operands are packed as `a[M, K]` and `b^T[N, K]` (the
-    /// "TN" layout of [`CudaContext::gemm_nt`]), f32 accumulation, BF16 out.
-    fn matmul_bf16_blas(
+    /// `[.., M, K] x [.., K, N]` into the packed `out` with one cuBLASLt call
+    /// (f32 or BF16, f32 accumulation). Each operand is read in place when
+    /// cuBLASLt can address it (see [`gemm_layout`]), else from a copy made
+    /// by one kernel for the whole batch; `pack` forces the copies.
+    fn matmul_blas(
         &self,
-        ll: &Layout,
-        rhs: &CudaStorage,
-        rl: &Layout,
+        (ll, rhs, rl): (&Layout, &CudaStorage, &Layout),
         out: &CudaStorage,
-        batch_offsets: &[(usize, usize)],
-        (m, n, k): (usize, usize, usize),
+        (batch, m, n, k): (usize, usize, usize, usize),
+        pack: bool,
     ) -> Result<()> {
-        let rank = ll.dims().len();
-        let (l_rs, l_cs) = (ll.strides()[rank - 2], ll.strides()[rank - 1]);
-        let (r_rs, r_cs) = (rl.strides()[rank - 2], rl.strides()[rank - 1]);
-        let ctx = self.ctx();
-        let dev = &self.device;
-        for (b, &(lo, ro)) in batch_offsets.iter().enumerate() {
-            let a = dev.alloc(m * k, DType::BF16)?;
-            let sa = Strided::new(&[m, k], &[l_rs, l_cs], lo)?;
-            self.place_raw(&sa, m * k, a.buf.ptr(), m * k, m * k, 0)?;
-            let bt = dev.alloc(n * k, DType::BF16)?;
-            let sb = Strided::new(&[n, k], &[r_cs, r_rs], ro)?;
-            rhs.place_raw(&sb, n * k, bt.buf.ptr(), n * k, n * k, 0)?;
-            let y = ctx
-                .gemm_nt(
-                    &GemmOperand {
-                        buf: &a.buf,
-                        dtype: GemmDType::Bf16,
-                        scale_inv: None,
-                    },
-                    &GemmOperand {
-                        buf: &bt.buf,
-                        dtype: GemmDType::Bf16,
-                        scale_inv: None,
-                    },
-                    m,
-                    n,
-                    k,
-                    GemmDType::Bf16,
-                )
-                .map_err(backend_err)?;
-            let bytes = m * n * 2;
-            ctx.bind().map_err(backend_err)?;
-            // SAFETY: y holds m * n BF16 values and `out` has room for
-            // batch * m * n of them; both are on the context's stream.
-            unsafe {
-                dresult::memcpy_dtod_async(
-                    out.buf.ptr() + (b * bytes) as u64,
-                    y.ptr(),
-                    bytes,
-                    ctx.stream().cu_stream(),
-                )
+        let (a, a_copy) = self.gemm_operand(ll, false, pack)?;
+        let (b, b_copy) = rhs.gemm_operand(rl, true, pack)?;
+        let dtype = if self.dtype == DType::BF16 {
+            GemmDType::Bf16
+        } else {
+            GemmDType::F32
+        };
+        let op = |buf| GemmOperand {
+            buf,
+            dtype,
+            scale_inv: None,
+        };
+        let spec = GemmSpec {
+            m,
+            n,
+            k,
+            batch,
+            a,
+            b,
+            y: MatLayout::packed(m, n),
+            bias: None,
+        };
+        self.ctx()
+            .gemm(
+                &op(&a_copy.as_ref().unwrap_or(self).buf),
+                &op(&b_copy.as_ref().unwrap_or(rhs).buf),
+                &spec,
+                &out.buf,
+                dtype,
+            )
+            .map_err(backend_err)
+    }
+
+    /// How cuBLASLt reads the matrices of `layout`: in place, or from a
+    /// packed copy (returned). The copy keeps the view's unit-stride dim
+    /// innermost, so it reads along it.
+    fn gemm_operand(
+        &self,
+        layout: &Layout,
+        rhs: bool,
+        pack: bool,
+    ) -> Result<(MatLayout, Option<CudaStorage>)> {
+        if !pack {
+            if let Some(ml) = gemm_layout(layout, rhs) {
+                return Ok((ml, None));
             }
-            .map_err(|e| backend_err(driver_err("cuMemcpyDtoDAsync")(e)))?;
         }
-        Ok(())
+        let r = layout.dims().len();
+        let mut perm: Vec<usize> = (0..r).collect();
+        if layout.strides()[r - 1] > layout.strides()[r - 2] {
+            perm.swap(r - 2, r - 1);
+        }
+        let view = layout.permute(&perm)?;
+        let copy = self.copy_strided(&view)?;
+        let packed = Layout::contiguous(view.shape().clone()).permute(&perm)?;
+        let ml = gemm_layout(&packed, rhs).ok_or_else(|| {
+            Error::Backend(format!(
+                "matmul: packed layout {:?} / {:?} is not a cuBLASLt layout",
+                packed.dims(),
+                packed.strides()
+            ))
+        })?;
+        Ok((ml, Some(copy)))
     }
 }
 
-/// Buffer offset of matrix `b` of a batched layout.
-fn batch_offset(l: &Layout, mut b: usize) -> usize {
-    let rank = l.dims().len();
-    let mut pos = l.offset();
-    for d in (0..rank - 2).rev() {
-        pos += (b % l.dims()[d]) * l.strides()[d];
-        b /= l.dims()[d];
+/// The [`MatLayout`] of the matrices of `l` read in place, if cuBLASLt can:
+/// the batch dims merge into one stride, and each matrix has a unit stride
+/// with the other stride covering a whole row. The lhs `[.., M, K]` is a;
+/// the rhs `[.., K, N]` is read as b = its transpose `[.., N, K]`.
+fn gemm_layout(l: &Layout, rhs: bool) -> Option<MatLayout> {
+    let r = l.dims().len();
+    let (bdims, [bs]) = coalesce(&l.dims()[..r - 2], [&l.strides()[..r - 2]]);
+    if bdims.len() != 1 {
+        return None;
     }
-    pos
+    let (mut rows, mut cols) = (l.dims()[r - 2], l.dims()[r - 1]);
+    let (mut rs, mut cs) = (l.strides()[r - 2], l.strides()[r - 1]);
+    if rhs {
+        (rows, cols, rs, cs) = (cols, rows, cs, rs);
+    }
+    // A dim of size 1 has no stride that matters.
+    let (transposed, ld) = if (cols == 1 || cs == 1) && (rows == 1 || rs >= cols) {
+        (false, if rows == 1 { cols } else { rs })
+    } else if (rows == 1 || rs == 1) && (cols == 1 || cs >= rows) {
+        (true, if cols == 1 { rows } else { cs })
+    } else {
+        return None;
+    };
+    Some(MatLayout {
+        offset_elems: l.offset(),
+        ld,
+        batch_stride: bs[0],
+        transposed,
+    })
 }
 
 impl BackendStorage for CudaStorage {
@@ -607,17 +662,22 @@ impl BackendStorage for CudaStorage {
             )?;
         } else {
             let name = by_dtype(self.dtype, "ops_reduce_cols_f32", "ops_reduce_cols_bf16");
-            launch!(
-                self.ctx(),
-                name,
-                grid(outer * inner),
-                &x,
-                &y,
-                &outer,
-                &n64,
-                &inner,
-                &code
-            )?;
+            // One CTA per (outer, 32 inner positions), COL_GROUPS rows of threads.
+            let ctas = outer * inner.div_ceil(32);
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    u32::try_from(ctas).map_err(|_| {
+                        Error::NotImplemented(format!(
+                            "CUDA reduce over {outer} x {inner} outputs (grid too large)"
+                        ))
+                    })?,
+                    1,
+                    1,
+                ),
+                block_dim: (32, REDUCE_COL_GROUPS, 1),
+                shared_mem_bytes: 0,
+            };
+            launch!(self.ctx(), name, cfg, &x, &y, &outer, &n64, &inner, &code)?;
         }
         Ok(out)
     }
@@ -630,6 +690,12 @@ impl BackendStorage for CudaStorage {
     ) -> Result<CudaStorage> {
         self.float("matmul")?;
         rhs.float("matmul")?;
+        if self.dtype != rhs.dtype {
+            return Err(Error::DType(format!(
+                "matmul: operands have different dtypes ({} and {})",
+                self.dtype, rhs.dtype
+            )));
+        }
         let (ll, rl) = (layout, rhs_layout);
         let rank = ll.dims().len();
         if rank < 2 || rl.dims().len() != rank || ll.dims()[..rank - 2] != rl.dims()[..rank - 2] {
@@ -663,19 +729,19 @@ impl BackendStorage for CudaStorage {
                 .zeros(&Shape::from(vec![batch, m, n]), self.dtype);
         }
         let out = self.device.alloc(batch * m * n, self.dtype)?;
-        if self.dtype == DType::BF16 {
-            let offsets: Vec<(usize, usize)> = (0..batch)
-                .map(|b| (batch_offset(ll, b), batch_offset(rl, b)))
-                .collect();
-            // cuBLASLt first; its failure (an unsupported shape) falls back
-            // to the tiled kernel below.
-            if self
-                .matmul_bf16_blas(ll, rhs, rl, &out, &offsets, (m, n, k))
-                .is_ok()
-            {
-                return Ok(out);
-            }
+        // cuBLASLt first, reading the operands in place, then from packed
+        // copies; if it refuses both (an unsupported combination), the tiled
+        // kernel below.
+        let args = (ll, rhs, rl);
+        let dims = (batch, m, n, k);
+        if self.matmul_blas(args, &out, dims, false).is_ok() {
+            return Ok(out);
         }
+        MATMUL_FALLBACKS[0].fetch_add(1, Ordering::Relaxed);
+        if self.matmul_blas(args, &out, dims, true).is_ok() {
+            return Ok(out);
+        }
+        MATMUL_FALLBACKS[1].fetch_add(1, Ordering::Relaxed);
         let bdims = &ll.dims()[..rank - 2];
         let (bd, [bs_l, bs_r]) = coalesce(
             bdims,
@@ -908,5 +974,66 @@ impl BackendDevice for CudaDevice {
             len,
             device: self.clone(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mat(offset_elems: usize, ld: usize, batch_stride: usize, transposed: bool) -> MatLayout {
+        MatLayout {
+            offset_elems,
+            ld,
+            batch_stride,
+            transposed,
+        }
+    }
+
+    #[test]
+    fn attention_views_are_read_in_place() {
+        let q = Layout::contiguous(Shape::from([8, 6, 256, 64]));
+        assert_eq!(gemm_layout(&q, false), Some(mat(0, 64, 256 * 64, false)));
+        // k^T as the rhs is b = k: K-contiguous, the "TN" case.
+        let kt = q.permute(&[0, 1, 3, 2]).unwrap();
+        assert_eq!(gemm_layout(&kt, true), Some(mat(0, 64, 256 * 64, false)));
+        // v as the rhs [K, N] is b stored the other way.
+        assert_eq!(gemm_layout(&q, true), Some(mat(0, 64, 256 * 64, true)));
+        // A narrowed view: offset and padded rows.
+        let x = Layout::contiguous(Shape::from([2, 5, 9, 16]))
+            .narrow(3, 3, 11)
+            .unwrap();
+        assert_eq!(gemm_layout(&x, false), Some(mat(3, 16, 9 * 16, false)));
+        // A narrowed transposed matrix (no batch dims) is read as stored.
+        let s = Layout::contiguous(Shape::from([6, 8]))
+            .permute(&[1, 0])
+            .unwrap()
+            .narrow(0, 0, 4)
+            .unwrap();
+        assert_eq!(gemm_layout(&s, false), Some(mat(0, 8, 1, true)));
+        // One shared matrix for the whole batch (stride 0).
+        let w = Layout::contiguous(Shape::from([48, 24]))
+            .broadcast_as(&Shape::from([4, 48, 24]))
+            .unwrap();
+        assert_eq!(gemm_layout(&w, true), Some(mat(0, 24, 0, true)));
+    }
+
+    #[test]
+    fn unaddressable_views_are_packed() {
+        // q of a fused [B, L, 3, H, D] projection as [B, H, L, D]: the batch
+        // dims (B, H) do not merge into one stride.
+        let q = Layout::contiguous(Shape::from([2, 32, 3, 4, 16]))
+            .narrow(2, 0, 1)
+            .unwrap()
+            .permute(&[0, 2, 3, 1, 4])
+            .unwrap();
+        assert_eq!(gemm_layout(&q, false), None);
+        // No unit stride in the matrix.
+        let every_other = Layout::contiguous(Shape::from([4, 6, 2]))
+            .narrow(2, 0, 1)
+            .unwrap()
+            .permute(&[2, 0, 1])
+            .unwrap();
+        assert_eq!(gemm_layout(&every_other, false), None);
     }
 }

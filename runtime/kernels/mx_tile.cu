@@ -1,0 +1,176 @@
+// MX quantization of a row-major [rows, cols] tensor in both directions at
+// once, for the MX recipe linears (SPEC sections 2 and 4). One read of the
+// input serves the two GEMM operands that quantize it along different axes:
+//   row blocks     32 consecutive elements of a row: the quantization axis is
+//                  `cols`, zero-padded to pc = 32 * ceil(cols / 32);
+//   column blocks  32 consecutive elements of a column: the axis is `rows`,
+//                  padded to pr = 32 * ceil(rows / 32), i.e. the blocks of the
+//                  transposed tensor.
+// Each direction writes, as asked (null pointer = not wanted):
+//   codes [R, P/2] (E2M1, packed) or [R, P] (E4M3) and scales [R, P/32],
+//   the CPU's axis-last layout (R = rows, P = pc for row blocks; R = cols,
+//   P = pr for column blocks), so codes and scales are those of
+//   quantize_mx(.., axis) on the CPU;
+//   deq [R, P] BF16: the dequantized GEMM operand, decode(code) * 2^(byte-127)
+//   rounded to BF16 (exact), padding included (after a Hadamard the padding
+//   is not zero).
+// With tile2d, one scale per 32x32 tile (amax over the tile) serves both
+// directions: the CPU's 32x32 weight tiles read along either axis.
+//
+// A CTA stages a 32 x (32 * TILES) slab in shared memory; per tile, one warp
+// quantizes its 32 rows (a thread owns one row block) and one warp its 32
+// columns (a thread owns one column block). Each thread's outputs are
+// contiguous, so no second staging is needed for the stores.
+
+#define TILES 4
+#define SLAB_COLS (MX_BLOCK * TILES)
+#define SLAB_STRIDE (SLAB_COLS + 1)
+
+// One direction's options and outputs (struct MxDir in src/cuda/linear.rs).
+struct MxDir {
+    u8* codes;
+    u8* scales;
+    u16* deq;
+    int hadamard;
+    int sr;
+    u32 seed_lo, seed_hi, step, tensor_id;
+};
+
+__device__ __forceinline__ float load_elem(const float* x, u64 i) { return x[i]; }
+__device__ __forceinline__ float load_elem(const u16* x, u64 i) { return u2f((u32)x[i] << 16); }
+
+// Codes of one block at scale `byte` (quantize_mx_rows in quantize_mx.cu;
+// the SR word of element i of block b is word i % 4 of philox(b * 8 + i / 4)).
+template <class F>
+__device__ __forceinline__ void encode_block(const float* v, u32 byte, const MxDir& d, u64 b, u32* c) {
+    if (byte == 0xFFu) {
+#pragma unroll
+        for (int i = 0; i < MX_BLOCK; ++i) c[i] = 0u;
+        return;
+    }
+    const float recip = e8m0_reciprocal(byte);
+    if (d.sr) {
+#pragma unroll
+        for (int g = 0; g < MX_BLOCK / 4; ++g) {
+            const u64 group = b * (MX_BLOCK / 4) + (u64)g;
+            u32 w[4] = {(u32)group, (u32)(group >> 32), d.step, d.tensor_id};
+            philox4x32_10(w, d.seed_lo, d.seed_hi);
+#pragma unroll
+            for (int q = 0; q < 4; ++q) c[4 * g + q] = encode_sr<F>(v[4 * g + q] * recip, w[q]);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < MX_BLOCK; ++i) c[i] = encode_rne<F>(v[i] * recip);
+    }
+}
+
+// Stores block b's codes, scale and BF16 dequantized values (padded row length `plen`).
+template <class F>
+__device__ __forceinline__ void store_block(const MxDir& d, const u32* c, u32 byte, u64 b, u64 row, u32 kb,
+                                            u32 plen) {
+    if (d.scales) d.scales[b] = (u8)byte;
+    if (d.codes) {
+        if (F::exp_bits + F::man_bits == 3) {
+            u32 w[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                w[k] = 0u;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) w[k] |= (c[8 * k + 2 * i] | (c[8 * k + 2 * i + 1] << 4)) << (8 * i);
+            }
+            u32* out = (u32*)(d.codes + b * (MX_BLOCK / 2));
+#pragma unroll
+            for (int k = 0; k < 4; ++k) out[k] = w[k];
+        } else {
+            u32* out = (u32*)(d.codes + b * MX_BLOCK);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) out[k] = c[4 * k] | (c[4 * k + 1] << 8) | (c[4 * k + 2] << 16) | (c[4 * k + 3] << 24);
+        }
+    }
+    if (d.deq) {
+        const float s = e8m0_decode(byte);
+        u32* out = (u32*)(d.deq + row * plen + (u64)kb * MX_BLOCK);
+#pragma unroll
+        for (int k = 0; k < MX_BLOCK / 2; ++k) {
+            const u32 lo = bf16_from_f32(decode<F>(c[2 * k]) * s);
+            const u32 hi = bf16_from_f32(decode<F>(c[2 * k + 1]) * s);
+            out[k] = lo | (hi << 16);
+        }
+    }
+}
+
+template <class F, class In>
+__device__ __forceinline__ void mx_tile(const In* x, u32 rows, u32 cols, const MxDir& rd, const MxDir& cd,
+                                        int mode, int tile2d) {
+    __shared__ float slab[MX_BLOCK * SLAB_STRIDE];
+    __shared__ u32 tile_amax[TILES][MX_BLOCK];
+    const u32 row0 = blockIdx.y * MX_BLOCK;
+    const u32 col0 = blockIdx.x * SLAB_COLS;
+    for (u32 i = threadIdx.x; i < MX_BLOCK * SLAB_COLS; i += blockDim.x) {
+        const u32 r = i / SLAB_COLS, c = i % SLAB_COLS;
+        float v = 0.0f;
+        if (row0 + r < rows && col0 + c < cols) v = load_elem(x, (u64)(row0 + r) * cols + col0 + c);
+        slab[r * SLAB_STRIDE + c] = v;
+    }
+    __syncthreads();
+
+    const u32 t = threadIdx.x / (2 * MX_BLOCK);           // tile of the slab
+    const bool by_row = (threadIdx.x / MX_BLOCK) % 2 == 0;  // which direction this warp quantizes
+    const u32 lane = threadIdx.x % MX_BLOCK;
+    const MxDir& d = by_row ? rd : cd;
+    float v[MX_BLOCK];
+#pragma unroll
+    for (int i = 0; i < MX_BLOCK; ++i) {
+        v[i] = by_row ? slab[lane * SLAB_STRIDE + t * MX_BLOCK + i] : slab[i * SLAB_STRIDE + t * MX_BLOCK + lane];
+    }
+    if (d.hadamard) {
+        hadamard16(v);
+        hadamard16(v + 16);
+    }
+    // Block amax as the max of |x| bits: NaN > Inf > every finite value.
+    u32 m = 0u;
+#pragma unroll
+    for (int i = 0; i < MX_BLOCK; ++i) {
+        const u32 a = f2u(v[i]) & 0x7FFFFFFFu;
+        m = a > m ? a : m;
+    }
+    if (by_row) tile_amax[t][lane] = m;
+    __syncthreads();
+    if (tile2d) {
+        m = 0u;
+        for (int i = 0; i < MX_BLOCK; ++i) m = tile_amax[t][i] > m ? tile_amax[t][i] : m;
+    }
+
+    const u32 pc = (cols + MX_BLOCK - 1) / MX_BLOCK * MX_BLOCK;
+    const u32 pr = (rows + MX_BLOCK - 1) / MX_BLOCK * MX_BLOCK;
+    u64 row;
+    u32 kb, plen;
+    if (by_row) {
+        row = row0 + lane;
+        kb = col0 / MX_BLOCK + t;
+        plen = pc;
+        if (row >= rows || kb * MX_BLOCK >= pc) return;
+    } else {
+        row = (u64)col0 + t * MX_BLOCK + lane;
+        kb = row0 / MX_BLOCK;
+        plen = pr;
+        if (row >= cols) return;
+    }
+    if (!d.codes && !d.scales && !d.deq) return;
+    const u64 b = row * (plen / MX_BLOCK) + kb;
+    const u32 byte = scale_byte<F>(u2f(m), mode);
+    u32 c[MX_BLOCK];
+    encode_block<F>(v, byte, d, b, c);
+    store_block<F>(d, c, byte, b, row, kb, plen);
+}
+
+#define MX_TILE_KERNEL(SUFFIX, FMT, IN)                                                              \
+    extern "C" __global__ void __launch_bounds__(2 * MX_BLOCK * TILES)                               \
+        mx_tile_##SUFFIX(const IN* x, u32 rows, u32 cols, MxDir rd, MxDir cd, int mode, int tile2d) { \
+        mx_tile<FMT, IN>(x, rows, cols, rd, cd, mode, tile2d);                                       \
+    }
+
+MX_TILE_KERNEL(e2m1_f32, E2M1, float)
+MX_TILE_KERNEL(e2m1_bf16, E2M1, u16)
+MX_TILE_KERNEL(e4m3fn_f32, E4M3FN, float)
+MX_TILE_KERNEL(e4m3fn_bf16, E4M3FN, u16)

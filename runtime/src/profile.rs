@@ -1,0 +1,89 @@
+//! Opt-in time per operation, for finding where a training step goes.
+//!
+//! With `MXSWITCH_PROFILE=1` in the environment, every backend operation on
+//! a GPU waits for the device before and after it runs, and the wall time in
+//! between is added to the operation's total. That serializes the device, so
+//! a profiled step is slower than a normal one; what it shows is the share of
+//! each operation. [`report`] prints the totals, largest first.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+
+use crate::Device;
+
+/// The environment variable that turns profiling on.
+pub const ENV: &str = "MXSWITCH_PROFILE";
+
+fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var(ENV).is_ok_and(|v| !v.is_empty() && v != "0"))
+}
+
+fn totals() -> &'static Mutex<HashMap<&'static str, (u64, f64)>> {
+    static T: OnceLock<Mutex<HashMap<&'static str, (u64, f64)>>> = OnceLock::new();
+    T.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Times one operation on `device` until dropped; a no-op unless profiling.
+pub struct Scope {
+    name: &'static str,
+    device: Device,
+    t0: Instant,
+}
+
+/// Starts timing `name` on `device` (CPU operations are not timed).
+pub fn scope(name: &'static str, device: Device) -> Option<Scope> {
+    if !enabled() || device == Device::Cpu {
+        return None;
+    }
+    wait(device);
+    Some(Scope {
+        name,
+        device,
+        t0: Instant::now(),
+    })
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        wait(self.device);
+        let dt = self.t0.elapsed().as_secs_f64();
+        let mut t = totals().lock().unwrap_or_else(|p| p.into_inner());
+        let e = t.entry(self.name).or_insert((0, 0.0));
+        e.0 += 1;
+        e.1 += dt;
+    }
+}
+
+#[allow(unused_variables)]
+fn wait(device: Device) {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(i) = device {
+        if let Ok(d) = crate::cuda::CudaDevice::get(i) {
+            // A failure here shows up at the operation's own next call.
+            let _ = d.context().synchronize();
+        }
+    }
+}
+
+/// The totals so far, one line per operation, largest first; None unless profiling.
+pub fn report() -> Option<String> {
+    if !enabled() {
+        return None;
+    }
+    let t = totals().lock().unwrap_or_else(|p| p.into_inner());
+    let mut rows: Vec<(&'static str, u64, f64)> = t.iter().map(|(k, v)| (*k, v.0, v.1)).collect();
+    rows.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let all: f64 = rows.iter().map(|r| r.2).sum();
+    let mut out = format!("profile ({ENV}): {:.1} ms in timed operations\n", all * 1e3);
+    for (name, n, s) in rows {
+        out += &format!(
+            "  {name:<24} {:>9.1} ms {:>5.1}%  {n:>7} calls  {:>8.1} us/call\n",
+            s * 1e3,
+            100.0 * s / all.max(1e-12),
+            s * 1e6 / n as f64
+        );
+    }
+    Some(out)
+}
