@@ -36,84 +36,102 @@ struct MxDir {
     u32 seed_lo, seed_hi, step, tensor_id;
 };
 
-__device__ __forceinline__ float load_elem(const float* x, u64 i) { return x[i]; }
-__device__ __forceinline__ float load_elem(const u16* x, u64 i) { return u2f((u32)x[i] << 16); }
-
-// Codes of one block at scale `byte` (quantize_mx_rows in quantize_mx.cu;
-// the SR word of element i of block b is word i % 4 of philox(b * 8 + i / 4)).
+// Packed codes of one block at scale `byte`: 4 words (E2M1) or 8 (E4M3).
+// The SR word of element i of block b is word i % 4 of philox(b * 8 + i / 4)
+// (quantize_mx.cu); a NaN scale (a block holding NaN or Inf) gives zero codes.
 template <class F>
-__device__ __forceinline__ void encode_block(const float* v, u32 byte, const MxDir& d, u64 b, u32* c) {
+__device__ __forceinline__ void encode_block(const float* v, u32 byte, const MxDir& d, u64 b, u32* w) {
+    constexpr int WORDS = MX_BLOCK * CodeWidth<F>::W / 32;
     if (byte == 0xFFu) {
 #pragma unroll
-        for (int i = 0; i < MX_BLOCK; ++i) c[i] = 0u;
+        for (int k = 0; k < WORDS; ++k) w[k] = 0u;
         return;
     }
     const float recip = e8m0_reciprocal(byte);
+    float q[MX_BLOCK];
+#pragma unroll
+    for (int i = 0; i < MX_BLOCK; ++i) q[i] = v[i] * recip;
     if (d.sr) {
+        u32 c[MX_BLOCK];
 #pragma unroll
         for (int g = 0; g < MX_BLOCK / 4; ++g) {
             const u64 group = b * (MX_BLOCK / 4) + (u64)g;
-            u32 w[4] = {(u32)group, (u32)(group >> 32), d.step, d.tensor_id};
-            philox4x32_10(w, d.seed_lo, d.seed_hi);
+            u32 r[4] = {(u32)group, (u32)(group >> 32), d.step, d.tensor_id};
+            philox4x32_10(r, d.seed_lo, d.seed_hi);
 #pragma unroll
-            for (int q = 0; q < 4; ++q) c[4 * g + q] = encode_sr<F>(v[4 * g + q] * recip, w[q]);
+            for (int k = 0; k < 4; ++k) c[4 * g + k] = encode_sr<F>(q[4 * g + k], r[k]);
         }
+        pack_codes<F, MX_BLOCK>(c, w);
     } else {
-#pragma unroll
-        for (int i = 0; i < MX_BLOCK; ++i) c[i] = encode_rne<F>(v[i] * recip);
+        encode_pack_finite<F, MX_BLOCK>(q, w);
     }
 }
 
-// Stores block b's codes, scale and BF16 dequantized values (padded row length `plen`).
+// Stores block b's scale, packed codes and BF16 dequantized values (padded
+// row length `plen`) with 16-byte stores.
 template <class F>
-__device__ __forceinline__ void store_block(const MxDir& d, const u32* c, u32 byte, u64 b, u64 row, u32 kb,
+__device__ __forceinline__ void store_block(const MxDir& d, const u32* w, u32 byte, u64 b, u64 row, u32 kb,
                                             u32 plen) {
+    constexpr int W = CodeWidth<F>::W;
+    constexpr int WORDS = MX_BLOCK * W / 32;
     if (d.scales) d.scales[b] = (u8)byte;
     if (d.codes) {
-        if (F::exp_bits + F::man_bits == 3) {
-            u32 w[4];
+        Vec16* out = (Vec16*)(d.codes + b * (MX_BLOCK * W / 8));
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                w[k] = 0u;
+        for (int k = 0; k < WORDS / 4; ++k) {
+            Vec16 o;
 #pragma unroll
-                for (int i = 0; i < 4; ++i) w[k] |= (c[8 * k + 2 * i] | (c[8 * k + 2 * i + 1] << 4)) << (8 * i);
-            }
-            u32* out = (u32*)(d.codes + b * (MX_BLOCK / 2));
-#pragma unroll
-            for (int k = 0; k < 4; ++k) out[k] = w[k];
-        } else {
-            u32* out = (u32*)(d.codes + b * MX_BLOCK);
-#pragma unroll
-            for (int k = 0; k < 8; ++k) out[k] = c[4 * k] | (c[4 * k + 1] << 8) | (c[4 * k + 2] << 16) | (c[4 * k + 3] << 24);
+            for (int j = 0; j < 4; ++j) o.w[j] = w[4 * k + j];
+            out[k] = o;
         }
     }
     if (d.deq) {
         const float s = e8m0_decode(byte);
-        u32* out = (u32*)(d.deq + row * plen + (u64)kb * MX_BLOCK);
+        u32 h[MX_BLOCK / 2];
 #pragma unroll
-        for (int k = 0; k < MX_BLOCK / 2; ++k) {
-            const u32 lo = bf16_from_f32(decode<F>(c[2 * k]) * s);
-            const u32 hi = bf16_from_f32(decode<F>(c[2 * k + 1]) * s);
-            out[k] = lo | (hi << 16);
+        for (int i = 0; i < MX_BLOCK; i += 2) {
+            const u32 c0 = (w[i * W / 32] >> ((i * W) % 32)) & ((1u << W) - 1u);
+            const u32 c1 = (w[(i + 1) * W / 32] >> (((i + 1) * W) % 32)) & ((1u << W) - 1u);
+            h[i / 2] = (u32)bf16_from_f32(decode<F>(c0) * s) | ((u32)bf16_from_f32(decode<F>(c1) * s) << 16);
+        }
+        Vec16* out = (Vec16*)(d.deq + row * plen + (u64)kb * MX_BLOCK);
+#pragma unroll
+        for (int k = 0; k < MX_BLOCK / 8; ++k) {
+            Vec16 o;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) o.w[j] = h[4 * k + j];
+            out[k] = o;
         }
     }
 }
 
 template <class F, class In>
-__device__ __forceinline__ void mx_tile(const In* x, u32 rows, u32 cols, const MxDir& rd, const MxDir& cd,
+__device__ __forceinline__ void mx_tile(const void* x, u32 rows, u32 cols, const MxDir& rd, const MxDir& cd,
                                         int mode, int tile2d) {
     __shared__ float slab[MX_BLOCK * SLAB_STRIDE];
     __shared__ u32 tile_amax[TILES][MX_BLOCK];
     const u32 row0 = blockIdx.y * MX_BLOCK;
     const u32 col0 = blockIdx.x * SLAB_COLS;
-    for (u32 i = threadIdx.x; i < MX_BLOCK * SLAB_COLS; i += blockDim.x) {
-        const u32 r = i / SLAB_COLS, c = i % SLAB_COLS;
-        float v = 0.0f;
-        if (row0 + r < rows && col0 + c < cols) v = load_elem(x, (u64)(row0 + r) * cols + col0 + c);
-        slab[r * SLAB_STRIDE + c] = v;
+    if (cols % In::VEC == 0) {
+        // 16-byte loads: rows start 16-byte aligned when cols is a multiple of the vector.
+        constexpr u32 VPR = SLAB_COLS / In::VEC;  // vectors per slab row
+        for (u32 i = threadIdx.x; i < MX_BLOCK * VPR; i += blockDim.x) {
+            const u32 r = i / VPR, c = (i % VPR) * In::VEC;
+            const bool in = row0 + r < rows && col0 + c < cols;
+            Vec16 q = {{0u, 0u, 0u, 0u}};
+            if (in) q = In::load_vec(x, (u64)(row0 + r) * cols + col0 + c);
+#pragma unroll
+            for (int k = 0; k < In::VEC; ++k) slab[r * SLAB_STRIDE + c + k] = in ? In::elem(q, k) : 0.0f;
+        }
+    } else {
+        for (u32 i = threadIdx.x; i < MX_BLOCK * SLAB_COLS; i += blockDim.x) {
+            const u32 r = i / SLAB_COLS, c = i % SLAB_COLS;
+            float v = 0.0f;
+            if (row0 + r < rows && col0 + c < cols) v = In::load(x, (u64)(row0 + r) * cols + col0 + c);
+            slab[r * SLAB_STRIDE + c] = v;
+        }
     }
     __syncthreads();
-
     const u32 t = threadIdx.x / (2 * MX_BLOCK);           // tile of the slab
     const bool by_row = (threadIdx.x / MX_BLOCK) % 2 == 0;  // which direction this warp quantizes
     const u32 lane = threadIdx.x % MX_BLOCK;
@@ -159,18 +177,18 @@ __device__ __forceinline__ void mx_tile(const In* x, u32 rows, u32 cols, const M
     if (!d.codes && !d.scales && !d.deq) return;
     const u64 b = row * (plen / MX_BLOCK) + kb;
     const u32 byte = scale_byte<F>(u2f(m), mode);
-    u32 c[MX_BLOCK];
-    encode_block<F>(v, byte, d, b, c);
-    store_block<F>(d, c, byte, b, row, kb, plen);
+    u32 w[MX_BLOCK * CodeWidth<F>::W / 32];
+    encode_block<F>(v, byte, d, b, w);
+    store_block<F>(d, w, byte, b, row, kb, plen);
 }
 
-#define MX_TILE_KERNEL(SUFFIX, FMT, IN)                                                              \
-    extern "C" __global__ void __launch_bounds__(2 * MX_BLOCK * TILES)                               \
-        mx_tile_##SUFFIX(const IN* x, u32 rows, u32 cols, MxDir rd, MxDir cd, int mode, int tile2d) { \
-        mx_tile<FMT, IN>(x, rows, cols, rd, cd, mode, tile2d);                                       \
+#define MX_TILE_KERNEL(SUFFIX, FMT, IN)                                                               \
+    extern "C" __global__ void __launch_bounds__(2 * MX_BLOCK * TILES)                                \
+        mx_tile_##SUFFIX(const void* x, u32 rows, u32 cols, MxDir rd, MxDir cd, int mode, int tile2d) { \
+        mx_tile<FMT, IN>(x, rows, cols, rd, cd, mode, tile2d);                                        \
     }
 
-MX_TILE_KERNEL(e2m1_f32, E2M1, float)
-MX_TILE_KERNEL(e2m1_bf16, E2M1, u16)
-MX_TILE_KERNEL(e4m3fn_f32, E4M3FN, float)
-MX_TILE_KERNEL(e4m3fn_bf16, E4M3FN, u16)
+MX_TILE_KERNEL(e2m1_f32, E2M1, InF32)
+MX_TILE_KERNEL(e2m1_bf16, E2M1, InBF16)
+MX_TILE_KERNEL(e4m3fn_f32, E4M3FN, InF32)
+MX_TILE_KERNEL(e4m3fn_bf16, E4M3FN, InBF16)

@@ -121,9 +121,46 @@ __device__ __forceinline__ float unary_f(int op, float x) {
     }
 }
 
+// Elements per thread of the element-wise maps below.
+#define WALK_EPT 8
+
+// Calls f(i, position in a, position in b) for every element i < n of two
+// views of one (coalesced) shape. A thread takes WALK_EPT consecutive
+// elements: strided_at places the first, the rest step by the innermost
+// strides until the innermost row ends, so the index arithmetic is paid
+// about once per WALK_EPT elements.
+template <class F>
+__device__ __forceinline__ void walk2(const Strided& sa, const Strided& sb, u64 n, F f) {
+    const u64 chunks = (n + WALK_EPT - 1) / WALK_EPT;
+    // A rank-0 view (a scalar) is one innermost row of one element.
+    const u64 inner = sa.rank ? sa.dims[sa.rank - 1] : 1;
+    const u64 da = sa.rank ? sa.strides[sa.rank - 1] : 0, db = sb.rank ? sb.strides[sb.rank - 1] : 0;
+    GRID_STRIDE(c, chunks) {
+        const u64 i0 = c * WALK_EPT;
+        u64 pa = strided_at(sa, i0), pb = strided_at(sb, i0);
+        u64 j = i0 % inner;
+#pragma unroll
+        for (int k = 0; k < WALK_EPT; ++k) {
+            const u64 i = i0 + k;
+            if (i >= n) break;
+            if (k > 0) {
+                if (++j == inner) {
+                    j = 0;
+                    pa = strided_at(sa, i);
+                    pb = strided_at(sb, i);
+                } else {
+                    pa += da;
+                    pb += db;
+                }
+            }
+            f(i, pa, pb);
+        }
+    }
+}
+
 template <class T>
 __device__ __forceinline__ void unary(const T* x, T* y, const Strided& s, u64 n, int op) {
-    GRID_STRIDE(i, n) { st(y, i, unary_f(op, ld(x, strided_at(s, i)))); }
+    walk2(s, s, n, [&](u64 i, u64 p, u64) { st(y, i, unary_f(op, ld(x, p))); });
 }
 extern "C" __global__ void ops_unary_f32(const float* x, float* y, Strided s, u64 n, int op) { unary(x, y, s, n, op); }
 extern "C" __global__ void ops_unary_bf16(const u16* x, u16* y, Strided s, u64 n, int op) { unary(x, y, s, n, op); }
@@ -131,7 +168,7 @@ extern "C" __global__ void ops_unary_bf16(const u16* x, u16* y, Strided s, u64 n
 // x * mul + add, two roundings (no FMA).
 template <class T>
 __device__ __forceinline__ void affine(const T* x, T* y, const Strided& s, u64 n, float mul, float add) {
-    GRID_STRIDE(i, n) { st(y, i, ld(x, strided_at(s, i)) * mul + add); }
+    walk2(s, s, n, [&](u64 i, u64 p, u64) { st(y, i, ld(x, p) * mul + add); });
 }
 extern "C" __global__ void ops_affine_f32(const float* x, float* y, Strided s, u64 n, float mul, float add) {
     affine(x, y, s, n, mul, add);
@@ -155,7 +192,7 @@ __device__ __forceinline__ float binary_f(int op, float a, float b) {
 
 template <class T>
 __device__ __forceinline__ void binary(const T* a, const T* b, T* y, const Strided& sa, const Strided& sb, u64 n, int op) {
-    GRID_STRIDE(i, n) { st(y, i, binary_f(op, ld(a, strided_at(sa, i)), ld(b, strided_at(sb, i)))); }
+    walk2(sa, sb, n, [&](u64 i, u64 pa, u64 pb) { st(y, i, binary_f(op, ld(a, pa), ld(b, pb))); });
 }
 extern "C" __global__ void ops_binary_f32(const float* a, const float* b, float* y, Strided sa, Strided sb, u64 n, int op) {
     binary(a, b, y, sa, sb, n, op);

@@ -4,7 +4,9 @@
 //! a GPU waits for the device before and after it runs, and the wall time in
 //! between is added to the operation's total. That serializes the device, so
 //! a profiled step is slower than a normal one; what it shows is the share of
-//! each operation. [`report`] prints the totals, largest first.
+//! each operation. [`report`] prints the totals, largest first; `mxswitch
+//! train` resets them after its first step, whose kernel compilations would
+//! otherwise dominate.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -65,6 +67,12 @@ fn wait(device: Device) {
             let _ = d.context().synchronize();
         }
     }
+}
+
+/// Forgets the totals so far (for example those of a first step that
+/// compiled kernels).
+pub fn reset() {
+    totals().lock().unwrap_or_else(|p| p.into_inner()).clear();
 }
 
 /// The totals so far, one line per operation, largest first; None unless profiling.

@@ -231,6 +231,9 @@ fn train_in_pool(opts: &TrainOptions) -> Result<TrainSummary> {
         let t0 = Instant::now();
         let (loss, per_element) = train_step(&mut model, &mut opt, &inputs, iter)?;
         let step_time_ms = t0.elapsed().as_secs_f64() * 1e3;
+        if iter == start {
+            mxswitch_runtime::profile::reset();
+        }
         let recipe = sw.recipe.to_string();
         let m = StepMetrics {
             iter,

@@ -457,7 +457,7 @@ fn time_recipe(
     ctx: &CudaContext,
     r: &Recipe,
     s: LinearShape,
-    bufs: (&DevBuf, &DevBuf, &DevBuf, &DevBuf),
+    bufs: (&DevBuf, &DevBuf, Option<&DevBuf>, &DevBuf),
     iters: usize,
 ) -> Result<f64, String> {
     let (xd, wd, bd, dyd) = bufs;
@@ -474,7 +474,7 @@ fn time_recipe(
             xd,
             DType::BF16,
             wd,
-            Some(bd),
+            bd,
             s,
             &lctx,
         ))?;
@@ -485,7 +485,7 @@ fn time_recipe(
             wd,
             dyd,
             DType::BF16,
-            true,
+            bd.is_some(),
             s,
             &lctx,
         ))?;
@@ -509,6 +509,10 @@ fn time_recipe(
 
 /// Prints one `BENCH linear` line per recipe and shape (fwd + bwd,
 /// quantization included, TFLOP/s = 6 M K N / time).
+/// `BENCH linear_nobias` lines time the same without a bias: cuBLASLt has no
+/// f32 bias in a BF16-output or FP8 epilogue, so with a bias the forward
+/// writes an f32 result and adds the bias in a second pass; the difference
+/// measures that cost.
 fn bench(ctx: &CudaContext, shapes: &[LinearShape], recipes: &[Recipe]) -> Result<(), String> {
     let to_bf = |v: Vec<f32>| -> Vec<u16> { v.iter().map(|&x| bf16::from_f32(x)).collect() };
     for &s in shapes {
@@ -517,12 +521,14 @@ fn bench(ctx: &CudaContext, shapes: &[LinearShape], recipes: &[Recipe]) -> Resul
         let bd = gpu(ctx.upload(&data(1, s.n, 93, 0.1)))?;
         let dyd = gpu(ctx.upload(&to_bf(data(s.m, s.n, 94, 1e-3))))?;
         for r in recipes {
-            let ms = time_recipe(ctx, r, s, (&xd, &wd, &bd, &dyd), 20)?;
-            let tf = 6.0 * (s.m * s.n * s.k) as f64 / (ms * 1e-3) / 1e12;
-            println!(
-                "BENCH linear {r} M={} K={} N={} ms={ms:.4} tflops={tf:.1}",
-                s.m, s.k, s.n
-            );
+            for (bias, tag) in [(Some(&bd), "linear"), (None, "linear_nobias")] {
+                let ms = time_recipe(ctx, r, s, (&xd, &wd, bias, &dyd), 20)?;
+                let tf = 6.0 * (s.m * s.n * s.k) as f64 / (ms * 1e-3) / 1e12;
+                println!(
+                    "BENCH {tag} {r} M={} K={} N={} ms={ms:.4} tflops={tf:.1}",
+                    s.m, s.k, s.n
+                );
+            }
         }
     }
     Ok(())
