@@ -135,7 +135,9 @@ __device__ __forceinline__ void mx_tile(const void* x, u32 rows, u32 cols, const
     const u32 t = threadIdx.x / (2 * MX_BLOCK);           // tile of the slab
     const bool by_row = (threadIdx.x / MX_BLOCK) % 2 == 0;  // which direction this warp quantizes
     const u32 lane = threadIdx.x % MX_BLOCK;
-    const MxDir& d = by_row ? rd : cd;
+    // A copy, field by field: a reference chosen at run time would put both
+    // parameter structs in local memory.
+    const MxDir d = by_row ? rd : cd;
     float v[MX_BLOCK];
 #pragma unroll
     for (int i = 0; i < MX_BLOCK; ++i) {

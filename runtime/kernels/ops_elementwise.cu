@@ -20,28 +20,44 @@ struct Strided {
     u64 strides[OPS_MAX_RANK];
     u64 offset;
     u64 rank;
+    // dims[rank - 1] and strides[rank - 1] (1 and 0 for rank 0), so that no
+    // kernel indexes the arrays by a run-time value (which puts the struct
+    // in local memory, copied by every thread).
+    u64 inner;
+    u64 inner_stride;
 };
 
-// Below 2^32 elements the index is split with 32-bit divisions: a 64-bit
-// division costs several times as many instructions and made these
-// memory-bound kernels compute-bound.
-__device__ __forceinline__ u64 strided_at(const Strided& s, u64 i) {
+// Element i of a view. The loops run over the fixed OPS_MAX_RANK with a
+// rank guard, so the dims and strides are read straight from the kernel
+// parameters (a loop bounded by `rank` made the compiler copy both structs
+// to local memory in every thread). Below 2^32 elements the index is split
+// with 32-bit divisions, several times cheaper than 64-bit ones.
+__device__ __forceinline__ u64 strided_at_wide(const Strided& s, u64 i) {
     u64 pos = s.offset;
-    if (s.rank == 1) return pos + i * s.strides[0];
-    if (i <= 0xFFFFFFFFull) {
-        u32 j = (u32)i;
-        for (int d = (int)s.rank - 1; d >= 0; --d) {
+#pragma unroll
+    for (int d = OPS_MAX_RANK - 1; d >= 0; --d) {
+        if (d < (int)s.rank) {
+            const u64 dim = s.dims[d];
+            pos += (i % dim) * s.strides[d];
+            i /= dim;
+        }
+    }
+    return pos;
+}
+
+__device__ __forceinline__ u64 strided_at(const Strided& s, u64 i) {
+    if (s.rank <= 1) return s.offset + i * s.inner_stride;
+    if (i > 0xFFFFFFFFull) return strided_at_wide(s, i);
+    u64 pos = s.offset;
+    u32 j = (u32)i;
+#pragma unroll
+    for (int d = OPS_MAX_RANK - 1; d >= 0; --d) {
+        if (d < (int)s.rank) {
             const u32 dim = (u32)s.dims[d];
             const u32 q = j / dim;
             pos += (u64)(j - q * dim) * s.strides[d];
             j = q;
         }
-        return pos;
-    }
-    for (int d = (int)s.rank - 1; d >= 0; --d) {
-        const u64 dim = s.dims[d];
-        pos += (i % dim) * s.strides[d];
-        i /= dim;
     }
     return pos;
 }
@@ -125,21 +141,25 @@ __device__ __forceinline__ float unary_f(int op, float x) {
 #define WALK_EPT 8
 
 // Calls f(i, position in a, position in b) for every element i < n of two
-// views of one (coalesced) shape. A thread takes WALK_EPT consecutive
-// elements: strided_at places the first, the rest step by the innermost
-// strides until the innermost row ends, so the index arithmetic is paid
-// about once per WALK_EPT elements.
+// views of one (coalesced) shape. For views of more than one run, a thread
+// takes WALK_EPT consecutive elements: strided_at places the first, the
+// rest step by the innermost strides until the innermost row ends, so the
+// index arithmetic is paid about once per WALK_EPT elements.
 template <class F>
 __device__ __forceinline__ void walk2(const Strided& sa, const Strided& sb, u64 n, F f) {
+    if (sa.rank <= 1 && sb.rank <= 1) {
+        // One run each (contiguous, or a broadcast scalar): consecutive
+        // threads take consecutive elements, no index arithmetic.
+        GRID_STRIDE(i, n) { f(i, sa.offset + i * sa.inner_stride, sb.offset + i * sb.inner_stride); }
+        return;
+    }
     const u64 chunks = (n + WALK_EPT - 1) / WALK_EPT;
-    // A rank-0 view (a scalar) is one innermost row of one element.
-    const u64 inner = sa.rank ? sa.dims[sa.rank - 1] : 1;
-    const u64 da = sa.rank ? sa.strides[sa.rank - 1] : 0, db = sb.rank ? sb.strides[sb.rank - 1] : 0;
+    const u64 inner = sa.inner, da = sa.inner_stride, db = sb.inner_stride;
     GRID_STRIDE(c, chunks) {
         const u64 i0 = c * WALK_EPT;
         u64 pa = strided_at(sa, i0), pb = strided_at(sb, i0);
-        u64 j = i0 % inner;
-#pragma unroll
+        u64 j = i0 <= 0xFFFFFFFFull && inner <= 0xFFFFFFFFull ? (u64)((u32)i0 % (u32)inner) : i0 % inner;
+#pragma unroll 1
         for (int k = 0; k < WALK_EPT; ++k) {
             const u64 i = i0 + k;
             if (i >= n) break;
@@ -160,7 +180,7 @@ __device__ __forceinline__ void walk2(const Strided& sa, const Strided& sb, u64 
 
 template <class T>
 __device__ __forceinline__ void unary(const T* x, T* y, const Strided& s, u64 n, int op) {
-    walk2(s, s, n, [&](u64 i, u64 p, u64) { st(y, i, unary_f(op, ld(x, p))); });
+    walk2(s, s, n, [=](u64 i, u64 p, u64) { st(y, i, unary_f(op, ld(x, p))); });
 }
 extern "C" __global__ void ops_unary_f32(const float* x, float* y, Strided s, u64 n, int op) { unary(x, y, s, n, op); }
 extern "C" __global__ void ops_unary_bf16(const u16* x, u16* y, Strided s, u64 n, int op) { unary(x, y, s, n, op); }
@@ -168,7 +188,7 @@ extern "C" __global__ void ops_unary_bf16(const u16* x, u16* y, Strided s, u64 n
 // x * mul + add, two roundings (no FMA).
 template <class T>
 __device__ __forceinline__ void affine(const T* x, T* y, const Strided& s, u64 n, float mul, float add) {
-    walk2(s, s, n, [&](u64 i, u64 p, u64) { st(y, i, ld(x, p) * mul + add); });
+    walk2(s, s, n, [=](u64 i, u64 p, u64) { st(y, i, ld(x, p) * mul + add); });
 }
 extern "C" __global__ void ops_affine_f32(const float* x, float* y, Strided s, u64 n, float mul, float add) {
     affine(x, y, s, n, mul, add);
@@ -192,7 +212,7 @@ __device__ __forceinline__ float binary_f(int op, float a, float b) {
 
 template <class T>
 __device__ __forceinline__ void binary(const T* a, const T* b, T* y, const Strided& sa, const Strided& sb, u64 n, int op) {
-    walk2(sa, sb, n, [&](u64 i, u64 pa, u64 pb) { st(y, i, binary_f(op, ld(a, pa), ld(b, pb))); });
+    walk2(sa, sb, n, [=](u64 i, u64 pa, u64 pb) { st(y, i, binary_f(op, ld(a, pa), ld(b, pb))); });
 }
 extern "C" __global__ void ops_binary_f32(const float* a, const float* b, float* y, Strided sa, Strided sb, u64 n, int op) {
     binary(a, b, y, sa, sb, n, op);

@@ -53,6 +53,49 @@ extern "C" __global__ void __launch_bounds__(OPS_THREADS) ops_reduce_rows_bf16(c
     reduce_rows(x, y, rows, n, op);
 }
 
+// Few long rows (a whole-tensor sum is one row): one CTA per row would run
+// on a handful of SMs, so each row is cut into chunks of `chunk` elements,
+// one CTA per (row, chunk) writes an f32 partial, and one thread per row
+// combines its partials in chunk order. Grid (rows * chunks).
+template <class T>
+__device__ __forceinline__ void reduce_rows_partial(const T* x, float* partial, u64 n, u64 chunk, u64 chunks, int op) {
+    __shared__ float red[OPS_THREADS];
+    const u64 r = blockIdx.x / chunks, c = blockIdx.x % chunks;
+    const u64 j0 = c * chunk, j1 = j0 + chunk < n ? j0 + chunk : n;
+    float acc = op == 0 ? 0.0f : u2f(0xFF800000u);
+    for (u64 j = j0 + threadIdx.x; j < j1; j += OPS_THREADS) {
+        const float v = ld(x, r * n + j);
+        acc = op == 0 ? acc + v : max_nan(acc, v);
+    }
+    acc = op == 0 ? block_reduce(red, acc, AddF()) : block_reduce(red, acc, MaxNan());
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+template <class T>
+__device__ __forceinline__ void reduce_rows_final(const float* partial, T* y, u64 rows, u64 chunks, int op) {
+    GRID_STRIDE(r, rows) {
+        float acc = op == 0 ? 0.0f : u2f(0xFF800000u);
+        for (u64 c = 0; c < chunks; ++c) {
+            const float v = partial[r * chunks + c];
+            acc = op == 0 ? acc + v : max_nan(acc, v);
+        }
+        st(y, r, acc);
+    }
+}
+extern "C" __global__ void __launch_bounds__(OPS_THREADS)
+    ops_reduce_rows_partial_f32(const float* x, float* partial, u64 n, u64 chunk, u64 chunks, int op) {
+    reduce_rows_partial(x, partial, n, chunk, chunks, op);
+}
+extern "C" __global__ void __launch_bounds__(OPS_THREADS)
+    ops_reduce_rows_partial_bf16(const u16* x, float* partial, u64 n, u64 chunk, u64 chunks, int op) {
+    reduce_rows_partial(x, partial, n, chunk, chunks, op);
+}
+extern "C" __global__ void ops_reduce_rows_final_f32(const float* partial, float* y, u64 rows, u64 chunks, int op) {
+    reduce_rows_final(partial, y, rows, chunks, op);
+}
+extern "C" __global__ void ops_reduce_rows_final_bf16(const float* partial, u16* y, u64 rows, u64 chunks, int op) {
+    reduce_rows_final(partial, y, rows, chunks, op);
+}
+
 // Reduction over the middle axis of [outer, n, inner]. A CTA owns 32
 // consecutive inner positions of one outer index; its COL_GROUPS rows of
 // threads each reduce every COL_GROUPS-th j, then row 0 combines the

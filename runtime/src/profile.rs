@@ -22,8 +22,11 @@ fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var(ENV).is_ok_and(|v| !v.is_empty() && v != "0"))
 }
 
-fn totals() -> &'static Mutex<HashMap<&'static str, (u64, f64)>> {
-    static T: OnceLock<Mutex<HashMap<&'static str, (u64, f64)>>> = OnceLock::new();
+/// Per operation: (calls, seconds in all, seconds before the closing wait).
+type Totals = HashMap<&'static str, (u64, f64, f64)>;
+
+fn totals() -> &'static Mutex<Totals> {
+    static T: OnceLock<Mutex<Totals>> = OnceLock::new();
     T.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
@@ -49,12 +52,14 @@ pub fn scope(name: &'static str, device: Device) -> Option<Scope> {
 
 impl Drop for Scope {
     fn drop(&mut self) {
+        let host = self.t0.elapsed().as_secs_f64();
         wait(self.device);
         let dt = self.t0.elapsed().as_secs_f64();
         let mut t = totals().lock().unwrap_or_else(|p| p.into_inner());
-        let e = t.entry(self.name).or_insert((0, 0.0));
+        let e = t.entry(self.name).or_insert((0, 0.0, 0.0));
         e.0 += 1;
         e.1 += dt;
+        e.2 += host;
     }
 }
 
@@ -81,16 +86,32 @@ pub fn report() -> Option<String> {
         return None;
     }
     let t = totals().lock().unwrap_or_else(|p| p.into_inner());
-    let mut rows: Vec<(&'static str, u64, f64)> = t.iter().map(|(k, v)| (*k, v.0, v.1)).collect();
+    let mut rows: Vec<(&'static str, u64, f64, f64)> =
+        t.iter().map(|(k, v)| (*k, v.0, v.1, v.2)).collect();
     rows.sort_by(|a, b| b.2.total_cmp(&a.2));
     let all: f64 = rows.iter().map(|r| r.2).sum();
-    let mut out = format!("profile ({ENV}): {:.1} ms in timed operations\n", all * 1e3);
-    for (name, n, s) in rows {
+    let mut out = format!(
+        "profile ({ENV}): {:.1} ms in timed operations (host: time until the work was queued)\n",
+        all * 1e3
+    );
+    for (name, n, s, host) in rows {
         out += &format!(
-            "  {name:<24} {:>9.1} ms {:>5.1}%  {n:>7} calls  {:>8.1} us/call\n",
+            "  {name:<26} {:>9.1} ms {:>5.1}%  {n:>7} calls  {:>8.1} us/call  host {:>7.1} us/call\n",
             s * 1e3,
             100.0 * s / all.max(1e-12),
-            s * 1e6 / n as f64
+            s * 1e6 / n as f64,
+            host * 1e6 / n as f64
+        );
+    }
+    // Only GPU operations are timed, so there is a device when there are rows.
+    #[cfg(feature = "cuda")]
+    if let Some(d) = (!t.is_empty()).then(|| crate::cuda::CudaDevice::get(0).ok()).flatten() {
+        let st = d.context().pool_stats();
+        out += &format!(
+            "  cuda:0 pool: {} cuMemAlloc calls, {} reuses, peak {:.1} MiB\n",
+            st.device_allocs,
+            st.reuses,
+            st.peak_bytes_in_use as f64 / 1048576.0
         );
     }
     Some(out)

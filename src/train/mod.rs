@@ -16,7 +16,7 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use mxswitch_models::flux::{Flux, FluxInput, RunConfig, SyntheticData};
+use mxswitch_models::flux::{Batch, Flux, FluxInput, RunConfig, SyntheticData};
 use mxswitch_runtime::module::{allocate, optimizer_step, try_visit_params};
 use mxswitch_runtime::ops::mse_loss;
 use mxswitch_runtime::optim::{clip_grad_norm, AdamW, AdamWConfig};
@@ -111,21 +111,16 @@ fn params_to_device(model: &mut Flux, device: &Device) -> Result<()> {
     })
 }
 
-/// Everything a training step needs besides the model and the optimizer.
-struct StepInputs<'a> {
-    data: &'a SyntheticData,
-    act: DType,
-    device: Device,
-}
-
-/// One optimizer step at `iter`: returns (loss, saved bytes per element).
+/// One optimizer step on the host `batch` of iteration `iter`: returns
+/// (loss, saved bytes per element).
 fn train_step(
     model: &mut Flux,
     opt: &mut AdamW,
-    inp: &StepInputs,
+    batch: Batch,
+    device: &Device,
     iter: u64,
 ) -> Result<(f32, f64)> {
-    let batch = inp.data.batch(iter, inp.act)?.to_device(&inp.device)?;
+    let batch = batch.to_device(device)?;
     // Guidance-distilled configs (Flux.1-dev) get a constant strength of 1.
     let guidance = vec![1.0; batch.timesteps.len()];
     let pred = model.forward(&FluxInput {
@@ -149,6 +144,43 @@ fn train_step(
     clip_grad_norm(&mut grads, CLIP_NORM)?;
     optimizer_step(model, opt, &grads)?;
     Ok((loss_value, saved.per_element()))
+}
+
+/// Runs `body` with a source of the host batches of `iters`, in order. For a
+/// GPU they are built one step ahead on a helper thread, so the device does
+/// not wait for the host to make each step's data; the CPU builds them in
+/// line, since its cores run the step.
+fn with_batches<R>(
+    data: &SyntheticData,
+    act: DType,
+    device: Device,
+    iters: std::ops::Range<u64>,
+    body: impl FnOnce(&mut dyn FnMut() -> Result<Batch>) -> Result<R>,
+) -> Result<R> {
+    if device == Device::Cpu {
+        let mut it = iters;
+        return body(&mut || {
+            let iter = it
+                .next()
+                .ok_or_else(|| Error::InvalidOption("no batch left to train on".into()))?;
+            data.batch(iter, act)
+        });
+    }
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        s.spawn(move || {
+            for iter in iters {
+                // A closed channel means training stopped early.
+                if tx.send(data.batch(iter, act)).is_err() {
+                    break;
+                }
+            }
+        });
+        body(&mut || {
+            rx.recv()
+                .map_err(|_| Error::Backend("the data thread stopped".into()))?
+        })
+    })
 }
 
 /// Create `out` and prove it is writable before training starts.
@@ -208,51 +240,51 @@ fn train_in_pool(opts: &TrainOptions) -> Result<TrainSummary> {
     let mut metrics_out = BufWriter::new(metrics_file);
 
     let data = SyntheticData::new(&cfg.model, &cfg.data, opts.seed);
-    let inputs = StepInputs {
-        data: &data,
-        act,
-        device: opts.device,
-    };
+    let device = opts.device;
     let report = warmup(&mut model, &mut opt, &schedule, start, |m, o| {
-        train_step(m, o, &inputs, start).map(|_| ())
+        train_step(m, o, data.batch(start, act)?, &device, start).map(|_| ())
     })?;
     let bar = progress_bar(opts.progress, start, iters);
     say(&bar, &report.to_string());
 
     let mut metrics = Vec::new();
     let mut switches = Vec::new();
-    for iter in start..iters {
-        let sw: SwitchReport = model.apply_with(&schedule, iter)?;
-        if sw.changed > 0 || iter == start {
-            let line = sw.to_string();
-            say(&bar, &line);
-            switches.push(line);
+    with_batches(&data, act, device, start..iters, |next_batch| {
+        for iter in start..iters {
+            let sw: SwitchReport = model.apply_with(&schedule, iter)?;
+            if sw.changed > 0 || iter == start {
+                let line = sw.to_string();
+                say(&bar, &line);
+                switches.push(line);
+            }
+            let t0 = Instant::now();
+            let (loss, per_element) =
+                train_step(&mut model, &mut opt, next_batch()?, &device, iter)?;
+            let step_time_ms = t0.elapsed().as_secs_f64() * 1e3;
+            if iter == start {
+                mxswitch_runtime::profile::reset();
+            }
+            let recipe = sw.recipe.to_string();
+            let m = StepMetrics {
+                iter,
+                loss,
+                recipe,
+                layers_converted: sw.layers_converted,
+                linears_converted: sw.linears_converted,
+                step_time_ms,
+                saved_bytes_per_element: per_element,
+                device_peak_bytes: opts.device.peak_memory_bytes(),
+            };
+            let line = serde_json::to_string(&m)
+                .map_err(|e| Error::InvalidOption(format!("metrics: {e}")))?;
+            writeln!(metrics_out, "{line}")
+                .map_err(|e| Error::Io(format!("writing metrics.jsonl: {e}")))?;
+            bar.set_message(format!("loss {loss:.4}  {}", m.recipe));
+            bar.inc(1);
+            metrics.push(m);
         }
-        let t0 = Instant::now();
-        let (loss, per_element) = train_step(&mut model, &mut opt, &inputs, iter)?;
-        let step_time_ms = t0.elapsed().as_secs_f64() * 1e3;
-        if iter == start {
-            mxswitch_runtime::profile::reset();
-        }
-        let recipe = sw.recipe.to_string();
-        let m = StepMetrics {
-            iter,
-            loss,
-            recipe,
-            layers_converted: sw.layers_converted,
-            linears_converted: sw.linears_converted,
-            step_time_ms,
-            saved_bytes_per_element: per_element,
-            device_peak_bytes: opts.device.peak_memory_bytes(),
-        };
-        let line =
-            serde_json::to_string(&m).map_err(|e| Error::InvalidOption(format!("metrics: {e}")))?;
-        writeln!(metrics_out, "{line}")
-            .map_err(|e| Error::Io(format!("writing metrics.jsonl: {e}")))?;
-        bar.set_message(format!("loss {loss:.4}  {}", m.recipe));
-        bar.inc(1);
-        metrics.push(m);
-    }
+        Ok(())
+    })?;
     metrics_out
         .flush()
         .map_err(|e| Error::Io(format!("writing metrics.jsonl: {e}")))?;

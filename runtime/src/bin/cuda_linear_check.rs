@@ -468,16 +468,7 @@ fn time_recipe(
         layer_id: 1,
     };
     let step = || -> Result<(), String> {
-        let (y, saved) = gpu(glin::forward(
-            ctx,
-            r,
-            xd,
-            DType::BF16,
-            wd,
-            bd,
-            s,
-            &lctx,
-        ))?;
+        let (y, saved) = gpu(glin::forward(ctx, r, xd, DType::BF16, wd, bd, s, &lctx))?;
         let g = gpu(glin::backward(
             ctx,
             r,

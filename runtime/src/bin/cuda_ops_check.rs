@@ -489,6 +489,18 @@ fn cases() -> Vec<Case> {
             |x| x[0].sum(&[-1], false),
         ),
         case(
+            "sum(last, few rows longer than a chunk)",
+            vec![inp(&[2, 40_000], Sym, true)],
+            Tol::Accum(40_000),
+            |x| x[0].sum(&[-1], false),
+        ),
+        case(
+            "max(last, one row longer than a chunk, with ties)",
+            vec![inp(&[1, 50_000], Small, true)],
+            Tol::Exact,
+            |x| x[0].max(&[-1], false),
+        ),
+        case(
             "sum(last, transposed)",
             vec![inp(&[70, 6], Sym, true)],
             Tol::Accum(70),
@@ -1259,6 +1271,58 @@ fn matmul_bench(rep: &mut Report) {
     }
 }
 
+/// Median time of element-wise binary ops of flux-small's activation shapes,
+/// printed as `BENCH elementwise <name> ms=<median> gbps=<bytes moved / time>`.
+fn elementwise_bench(rep: &mut Report) {
+    let r = (|| -> Result<()> {
+        let make = |shape: &[usize], dt, seed| -> Result<Tensor> {
+            let v = sample(&mut Rng(seed), shape.iter().product(), Dist::Sym);
+            tensor(&v, shape, dt, &GPU)
+        };
+        let a = make(&[8, 512, 768], DType::BF16, 11)?;
+        let b = make(&[8, 512, 768], DType::BF16, 12)?;
+        let m = make(&[8, 1, 768], DType::BF16, 13)?;
+        let af = make(&[8, 512, 3072], DType::F32, 14)?;
+        let bf = make(&[8, 512, 3072], DType::F32, 15)?;
+        let n = 8 * 512 * 768;
+        type Op<'a> = Box<dyn Fn() -> Result<Tensor> + 'a>;
+        let runs: Vec<(&str, usize, Op)> = vec![
+            ("add_bf16_8x512x768", 6 * n, Box::new(|| a.add(&b))),
+            (
+                "mul_bf16_broadcast_8x512x768_by_8x1x768",
+                4 * n,
+                Box::new(|| a.mul(&m)),
+            ),
+            ("add_f32_8x512x3072", 12 * 4 * n, Box::new(|| af.add(&bf))),
+        ];
+        let ctx = CudaDevice::get(0)?.context().clone();
+        let cuda = |e: CudaError| mxswitch_runtime::Error::Backend(e.to_string());
+        for (name, bytes, f) in &runs {
+            for _ in 0..3 {
+                f()?;
+            }
+            let mut ms = vec![];
+            for _ in 0..20 {
+                ctx.synchronize().map_err(cuda)?;
+                let t = ctx.timer().map_err(cuda)?;
+                let y = f()?;
+                ms.push(f64::from(t.stop_ms().map_err(cuda)?));
+                drop(y);
+            }
+            ms.sort_by(f64::total_cmp);
+            let med = ms[ms.len() / 2];
+            println!(
+                "BENCH elementwise {name} ms={med:.4} gbps={:.1}",
+                *bytes as f64 / (med * 1e-3) / 1e9
+            );
+        }
+        Ok(())
+    })();
+    if let Err(e) = r {
+        rep.line("elementwise bench", Err(err(e)));
+    }
+}
+
 fn main() -> ExitCode {
     let t0 = Instant::now();
     let dev = match CudaDevice::get(0) {
@@ -1289,6 +1353,7 @@ fn main() -> ExitCode {
     backend_checks(&dev, &mut rep);
     gemm_checks(dev.context(), &mut rep);
     matmul_bench(&mut rep);
+    elementwise_bench(&mut rep);
     println!(
         "summary: {} passed, {} failed ({:.1} s)",
         rep.passed,

@@ -46,6 +46,12 @@ pub const OPS: KernelSource = KernelSource {
 /// Most dims of a strided view after coalescing (OPS_MAX_RANK in the kernels).
 pub const OPS_MAX_RANK: usize = 6;
 
+/// Reductions over the last axis with fewer rows than this and rows longer
+/// than [`REDUCE_CHUNK`] are split into chunks (`ops_reduce_rows_partial`).
+const REDUCE_SPLIT_ROWS: u64 = 264;
+/// Elements per CTA of a split row reduction.
+const REDUCE_CHUNK: u64 = 16384;
+
 /// Rows of threads per CTA of `ops_reduce_cols` (COL_GROUPS in ops_rowwise.cu).
 const REDUCE_COL_GROUPS: u32 = 16;
 /// Threads per CTA (OPS_THREADS in the kernels).
@@ -76,6 +82,11 @@ struct Strided {
     strides: [u64; OPS_MAX_RANK],
     offset: u64,
     rank: u64,
+    /// The innermost dim and stride (1 and 0 for rank 0), kept apart so that
+    /// kernels never index `dims` and `strides` by a run-time value: that
+    /// made the compiler copy the struct to local memory in every thread.
+    inner: u64,
+    inner_stride: u64,
 }
 
 // SAFETY: plain old data with the C layout of the kernels' struct.
@@ -97,6 +108,10 @@ impl Strided {
             s.dims[i] = d as u64;
             s.strides[i] = st as u64;
         }
+        (s.inner, s.inner_stride) = match (dims.last(), strides.last()) {
+            (Some(&d), Some(&st)) => (d as u64, st as u64),
+            _ => (1, 0),
+        };
         Ok(s)
     }
 
@@ -610,6 +625,17 @@ impl BackendStorage for CudaStorage {
         if n > 0 {
             let (dims, [ls, rs]) =
                 coalesce(layout.dims(), [layout.strides(), rhs_layout.strides()]);
+            let _p = crate::profile::scope(
+                match (dims.len() <= 1, n) {
+                    (true, 0..=0xF_FFFF) => "binary: one run, < 1M",
+                    (true, 0x10_0000..=0x7F_FFFF) => "binary: one run, 1M-8M",
+                    (true, _) => "binary: one run, >= 8M",
+                    (false, 0..=0xF_FFFF) => "binary: strided, < 1M",
+                    (false, 0x10_0000..=0x7F_FFFF) => "binary: strided, 1M-8M",
+                    (false, _) => "binary: strided, >= 8M",
+                },
+                Device::Cuda(self.device.ordinal()),
+            );
             let sa = Strided::new(&dims, &ls, layout.offset())?;
             let sb = Strided::new(&dims, &rs, rhs_layout.offset())?;
             let (a, b, y, n, code) = (
@@ -641,14 +667,47 @@ impl BackendStorage for CudaStorage {
         if outer * inner == 0 {
             return Ok(out);
         }
+        let here = Device::Cuda(self.device.ordinal());
+        let packing = crate::profile::scope("reduce: packing", here);
         let (x, _keep) = self.packed(layout, op.name())?;
+        drop(packing);
+        let _p = crate::profile::scope(
+            if inner == 1 {
+                "reduce: last axis"
+            } else {
+                "reduce: inner axis"
+            },
+            here,
+        );
         let y = out.buf.ptr();
         let code: i32 = match op {
             ReduceOp::Sum => 0,
             ReduceOp::Max => 1,
         };
         let (outer, n64, inner) = (outer as u64, n as u64, inner as u64);
-        if inner == 1 {
+        if inner == 1 && outer < REDUCE_SPLIT_ROWS && n64 > REDUCE_CHUNK {
+            let chunks = n64.div_ceil(REDUCE_CHUNK);
+            let partial = self.ctx().alloc((outer * chunks) as usize * 4).map_err(backend_err)?;
+            let pp = partial.ptr();
+            let name = by_dtype(
+                self.dtype,
+                "ops_reduce_rows_partial_f32",
+                "ops_reduce_rows_partial_bf16",
+            );
+            let cfg = LaunchConfig {
+                grid_dim: ((outer * chunks) as u32, 1, 1),
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let chunk = REDUCE_CHUNK;
+            launch!(self.ctx(), name, cfg, &x, &pp, &n64, &chunk, &chunks, &code)?;
+            let name = by_dtype(
+                self.dtype,
+                "ops_reduce_rows_final_f32",
+                "ops_reduce_rows_final_bf16",
+            );
+            launch!(self.ctx(), name, grid(outer), &pp, &y, &outer, &chunks, &code)?;
+        } else if inner == 1 {
             let name = by_dtype(self.dtype, "ops_reduce_rows_f32", "ops_reduce_rows_bf16");
             launch!(
                 self.ctx(),
