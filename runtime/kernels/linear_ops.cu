@@ -107,7 +107,8 @@ extern "C" __global__ void lin_epilogue(const float* acc, u32 ld, const float* s
                                         const float* bias, float* out_f32, u16* out_bf16, u32 rows, u32 cols) {
     const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (u64)rows * cols) return;
-    const u64 r = i / cols;
+    // A 32-bit division where the index fits (a 64-bit one costs several times more).
+    const u64 r = i <= 0xFFFFFFFFull ? (u64)((u32)i / cols) : i / cols;
     const u32 c = (u32)(i - r * cols);
     float v = acc[r * ld + c];
     if (scale_a) v = v * (scale_a[0] * scale_b[0]);

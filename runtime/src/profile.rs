@@ -105,7 +105,10 @@ pub fn report() -> Option<String> {
     }
     // Only GPU operations are timed, so there is a device when there are rows.
     #[cfg(feature = "cuda")]
-    if let Some(d) = (!t.is_empty()).then(|| crate::cuda::CudaDevice::get(0).ok()).flatten() {
+    if let Some(d) = (!t.is_empty())
+        .then(|| crate::cuda::CudaDevice::get(0).ok())
+        .flatten()
+    {
         let st = d.context().pool_stats();
         out += &format!(
             "  cuda:0 pool: {} cuMemAlloc calls, {} reuses, peak {:.1} MiB\n",

@@ -957,8 +957,11 @@ fn gemm_case(ctx: &CudaContext, c: &GemmCase, seed: u64) -> std::result::Result<
     };
     let fp8 = c.dtype.is_fp8();
     let (sa, sb) = if fp8 { (0.5f32, 0.25f32) } else { (1.0, 1.0) };
-    let scales = ctx.upload(&[sa, sb]).map_err(|e| e.to_string())?;
-    let scale_inv = |i: u64| fp8.then(|| scales.ptr() + 4 * i);
+    // One 16-byte slot per scale, as the FP8 quantizers keep them.
+    let scales = ctx
+        .upload(&[sa, 0.0, 0.0, 0.0, sb, 0.0, 0.0, 0.0])
+        .map_err(|e| e.to_string())?;
+    let scale_inv = |i: u64| fp8.then(|| scales.ptr() + 16 * i);
     // y starts as a sentinel (exact in BF16), so writes outside its matrices show.
     const SENTINEL: f32 = 4096.0;
     let ybuf = match c.out {

@@ -490,6 +490,15 @@ fn validate(
         if a.scale_inv.is_none() || b.scale_inv.is_none() {
             return Err("FP8 operands need their scale_inv pointers".into());
         }
+        // cuBLASLt answered NOT_SUPPORTED for scale pointers 4 bytes apart
+        // (seen on the H200); the quantizers keep each in a 16-byte slot.
+        if [a.scale_inv, b.scale_inv]
+            .iter()
+            .flatten()
+            .any(|p| p % 16 != 0)
+        {
+            return Err("FP8 scale_inv pointers must be 16-byte aligned".into());
+        }
         if spec.a.transposed || spec.b.transposed {
             return Err("FP8 GEMMs on Hopper take only the TN layout: a and b must both be K-contiguous (not transposed)".into());
         }

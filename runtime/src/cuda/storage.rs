@@ -687,7 +687,10 @@ impl BackendStorage for CudaStorage {
         let (outer, n64, inner) = (outer as u64, n as u64, inner as u64);
         if inner == 1 && outer < REDUCE_SPLIT_ROWS && n64 > REDUCE_CHUNK {
             let chunks = n64.div_ceil(REDUCE_CHUNK);
-            let partial = self.ctx().alloc((outer * chunks) as usize * 4).map_err(backend_err)?;
+            let partial = self
+                .ctx()
+                .alloc((outer * chunks) as usize * 4)
+                .map_err(backend_err)?;
             let pp = partial.ptr();
             let name = by_dtype(
                 self.dtype,
@@ -706,7 +709,16 @@ impl BackendStorage for CudaStorage {
                 "ops_reduce_rows_final_f32",
                 "ops_reduce_rows_final_bf16",
             );
-            launch!(self.ctx(), name, grid(outer), &pp, &y, &outer, &chunks, &code)?;
+            launch!(
+                self.ctx(),
+                name,
+                grid(outer),
+                &pp,
+                &y,
+                &outer,
+                &chunks,
+                &code
+            )?;
         } else if inner == 1 {
             let name = by_dtype(self.dtype, "ops_reduce_rows_f32", "ops_reduce_rows_bf16");
             launch!(
