@@ -513,7 +513,11 @@ fn bench(ctx: &CudaContext, shapes: &[LinearShape], recipes: &[Recipe]) -> Resul
         let dyd = gpu(ctx.upload(&to_bf(data(s.m, s.n, 94, 1e-3))))?;
         for r in recipes {
             for (bias, tag) in [(Some(&bd), "linear"), (None, "linear_nobias")] {
+                let before = glin::bias_fallbacks();
                 let ms = time_recipe(ctx, r, s, (&xd, &wd, bias, &dyd), 20)?;
+                if glin::bias_fallbacks() != before {
+                    println!("  ({r}: bias added after the GEMM, not in its epilogue)");
+                }
                 let tf = 6.0 * (s.m * s.n * s.k) as f64 / (ms * 1e-3) / 1e12;
                 println!(
                     "BENCH {tag} {r} M={} K={} N={} ms={ms:.4} tflops={tf:.1}",

@@ -1067,10 +1067,9 @@ fn gemm_checks(ctx: &CudaContext, rep: &mut Report) {
         invalid: false,
     };
     let fp8_pads = [(16, 16, 32), (32, 16, 16), (8, 8, 8)];
-    // cuBLASLt (13.x, Hopper) has no f32 bias with a BF16 output and no
-    // f32 bias with FP8 operands (seen on the H200: the heuristic refuses);
-    // the linears add the bias after an f32 GEMM there. Those combinations
-    // are not cases here.
+    // cuBLASLt (13.x, Hopper) has no f32 bias with a BF16 output for BF16
+    // operands (seen on the H200: the heuristic refuses); the linears add
+    // the bias after an f32 GEMM there. That combination is not a case here.
     let cases = [
         GemmCase {
             name: "bf16 TN batch=3 + f32 bias -> f32",
@@ -1155,6 +1154,15 @@ fn gemm_checks(ctx: &CudaContext, rep: &mut Report) {
             k: 64,
             batch: 2,
             pads: fp8_pads,
+            ..base
+        },
+        GemmCase {
+            name: "e4m3 TN, batch=1 + f32 bias -> bf16",
+            dtype: Fp8E4M3,
+            m: 32,
+            n: 48,
+            k: 64,
+            bias: Some(F32),
             ..base
         },
         GemmCase {

@@ -418,7 +418,9 @@ impl CudaContext {
             match self.gemm(&a.op, &b.op, &spec(post.bias), &y, gemm_out(out)) {
                 Ok(()) => return Ok(y),
                 // No fused f32 bias for these types: add it below.
-                Err(CudaError::Blas(_)) if post.bias.is_some() => {}
+                Err(CudaError::Blas(_)) if post.bias.is_some() => {
+                    BIAS_FALLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -539,6 +541,15 @@ impl CudaContext {
         unsafe { b.launch(cfg) }.map_err(driver_err("launch mx_tile"))?;
         Ok((ro, co))
     }
+}
+
+/// Forward GEMMs whose bias cuBLASLt could not fuse (see [`bias_fallbacks`]).
+static BIAS_FALLBACKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many forward GEMMs since the process started added their bias in a
+/// second pass because cuBLASLt has no fused f32 bias for their types.
+pub fn bias_fallbacks() -> usize {
+    BIAS_FALLBACKS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Slabs of 32x32 tiles per CTA of `mx_tile` (TILES in mx_tile.cu).
