@@ -255,7 +255,7 @@ def print_report(rep):
               f"{f(r['mx_tokens_per_s'], '.0f'):>10}{f(r['torch_tokens_per_s'], '.0f'):>12}"
               f"{gib(r['mx_peak_bytes']):>13}{gib(r['torch_peak_bytes']):>13}")
     print(f"  mx ms: median step_time_ms of the phase after skipping its first {rep['skip']} iterations "
-          "(includes building the batch in Rust); mx peak: largest device_peak_bytes in metrics.jsonl.")
+          "(includes moving the batch to the GPU; on a GPU the batch is built one step ahead on a host thread); mx peak: largest device_peak_bytes in metrics.jsonl.")
     print(f"  torch ms: median of {t.get('steps', '?')} steps after {t.get('warmup', '?')} warm-up (batch made "
           "before the timer); torch peak: torch.cuda.max_memory_allocated "
           f"(reserved: {gib(t.get('peak_reserved_bytes'))}). tokens/s = batch * (256 + 256) / step time.")

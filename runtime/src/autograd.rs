@@ -1,7 +1,7 @@
 //! Reverse-mode autograd on a tape of recorded ops.
 //!
-//! Every op whose inputs track gradients appends a [`Node`] to the tape: the
-//! [`Op`] (with exactly what its backward pass needs) and the nodes of its
+//! Every op whose inputs track gradients appends a `Node` to the tape: the
+//! `Op` (with exactly what its backward pass needs) and the nodes of its
 //! inputs. A node's position on the tape is a global sequence number, and an
 //! input is always recorded before the ops that read it, so walking the
 //! nodes reachable from the loss in decreasing sequence order is a reverse

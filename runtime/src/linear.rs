@@ -34,7 +34,7 @@ pub struct QuantLinear {
     pub seed: u64,
     /// [out_features, in_features], f32 master weight.
     pub weight: Option<Param>,
-    /// [out_features], f32.
+    /// `[out_features]`, f32.
     pub bias: Option<Param>,
 }
 

@@ -242,7 +242,7 @@ impl Parameters for Dense {
     }
 }
 
-/// The slots of a linear layer: `weight` [out, in] and, if given, `bias` [out].
+/// The slots of a linear layer: `weight` `[out, in]` and, if given, `bias` `[out]`.
 pub fn linear_slots(
     prefix: &str,
     [out_features, in_features]: [usize; 2],

@@ -1,5 +1,5 @@
 //! What an operation is: the kernel names every backend implements, and the
-//! [`Op`] record of how a tensor was made, which is the autograd graph.
+//! `Op` record of how a tensor was made, which is the autograd graph.
 
 use crate::autograd::ParamId;
 use crate::ops::custom::DynCustomOp;

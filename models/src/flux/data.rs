@@ -26,7 +26,7 @@ pub struct Batch {
     pub txt: Tensor,
     /// Pooled text vectors [B, vec].
     pub y: Tensor,
-    /// t ~ U(0, 1), [B].
+    /// t ~ U(0, 1), `[B]`.
     pub timesteps: Vec<f32>,
     /// Velocity target noise - x0, patchified: [B, Li, 4C], f32.
     pub target: Tensor,

@@ -331,11 +331,11 @@ pub struct FluxInput<'a> {
     pub img: &'a Tensor,
     /// Text tokens [B, Lt, context_in_dim].
     pub txt: &'a Tensor,
-    /// Timesteps in [0, 1], [B].
+    /// Timesteps in [0, 1], `[B]`.
     pub timesteps: &'a [f32],
     /// Pooled text vector [B, vec_in_dim].
     pub y: &'a Tensor,
-    /// Guidance strengths [B], for `guidance_embed` models.
+    /// Guidance strengths `[B]`, for `guidance_embed` models.
     pub guidance: Option<&'a [f32]>,
     /// Latent height and width in patches (for the RoPE positions).
     pub patches_hw: (usize, usize),

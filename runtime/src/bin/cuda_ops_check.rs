@@ -1067,9 +1067,9 @@ fn gemm_checks(ctx: &CudaContext, rep: &mut Report) {
         invalid: false,
     };
     let fp8_pads = [(16, 16, 32), (32, 16, 16), (8, 8, 8)];
-    // cuBLASLt (13.x, Hopper) has no f32 bias with a BF16 output for BF16
-    // operands (seen on the H200: the heuristic refuses); the linears add
-    // the bias after an f32 GEMM there. That combination is not a case here.
+    // cuBLASLt (13.x, Hopper) fuses an f32 bias only for BF16 operands with
+    // an f32 output (gemm::fuses_f32_bias); `gemm` refuses the rest up front
+    // and the linears add the bias after an f32 GEMM there.
     let cases = [
         GemmCase {
             name: "bf16 TN batch=3 + f32 bias -> f32",
@@ -1157,12 +1157,19 @@ fn gemm_checks(ctx: &CudaContext, rep: &mut Report) {
             ..base
         },
         GemmCase {
-            name: "e4m3 TN, batch=1 + f32 bias -> bf16",
+            name: "e4m3 + f32 bias -> bf16 refused (no such cuBLASLt epilogue)",
             dtype: Fp8E4M3,
             m: 32,
             n: 48,
             k: 64,
             bias: Some(F32),
+            invalid: true,
+            ..base
+        },
+        GemmCase {
+            name: "bf16 + f32 bias -> bf16 refused (no such cuBLASLt epilogue)",
+            bias: Some(F32),
+            invalid: true,
             ..base
         },
         GemmCase {

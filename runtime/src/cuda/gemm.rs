@@ -130,6 +130,14 @@ impl MatLayout {
     }
 }
 
+/// Whether cuBLASLt fuses an f32 bias into a GEMM of `operands` writing
+/// `out`. On the H200 (cuBLASLt 13.x, sm_90) its heuristic found no
+/// algorithm for an f32 bias with FP8 operands or with a BF16 output; BF16
+/// operands with an f32 output work.
+pub fn fuses_f32_bias(operands: GemmDType, out: GemmDType) -> bool {
+    !operands.is_fp8() && out == GemmDType::F32
+}
+
 /// A bias of N values (f32 in our models: the master weights), added to
 /// every row of y in the epilogue.
 #[derive(Clone, Copy, Debug)]
@@ -506,6 +514,13 @@ fn validate(
     if let Some(bias) = spec.bias {
         if !matches!(bias.dtype, GemmDType::F32 | GemmDType::Bf16) {
             return Err("the bias must be f32 or bf16".into());
+        }
+        if bias.dtype == GemmDType::F32 && !fuses_f32_bias(a.dtype, out) {
+            return Err(format!(
+                "cuBLASLt has no f32 bias epilogue for {} operands with a {} output (write f32 and add the bias after)",
+                a.dtype.name(),
+                out.name()
+            ));
         }
         let need = n * bias.dtype.size_in_bytes();
         if bias.buf.len_bytes() < need {

@@ -27,7 +27,7 @@
 
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
-use super::gemm::{GemmBias, GemmSpec, MatLayout};
+use super::gemm::{fuses_f32_bias, GemmBias, GemmSpec, MatLayout};
 use super::nvrtc::KernelSource;
 use super::quantize::{mode_arg, Fp8Device2d, Fp8Outputs};
 use super::{driver_err, CudaContext, CudaError, DevBuf, GemmDType, GemmOperand, Result};
@@ -388,8 +388,10 @@ impl CudaContext {
     /// `y = a · b^T` per [`GemmShape`], then scales (f32 pointers), bias and
     /// a crop to `[rows, cols]`, written as `out`. The bias goes into the
     /// GEMM's epilogue (f32 accumulator + f32 bias, rounded once) when the
-    /// result needs nothing else; otherwise, or where cuBLASLt has no fused
-    /// bias for the types, an f32 result goes through `lin_epilogue`.
+    /// result needs nothing else and cuBLASLt fuses an f32 bias for the
+    /// types ([`fuses_f32_bias`]: BF16 operands, f32 output); otherwise an
+    /// f32 result goes through `lin_epilogue`, which adds the bias and
+    /// rounds once, as the CPU does.
     fn lin_gemm<'a>(
         &self,
         a: &Operand,
@@ -414,15 +416,13 @@ impl CudaContext {
         };
         let (rows, cols) = post.crop.unwrap_or((m, n));
         if post.scales.is_none() && (rows, cols) == (m, n) {
-            let y = self.alloc(m * n * out.size())?;
-            match self.gemm(&a.op, &b.op, &spec(post.bias), &y, gemm_out(out)) {
-                Ok(()) => return Ok(y),
-                // No fused f32 bias for these types: add it below.
-                Err(CudaError::Blas(_)) if post.bias.is_some() => {
-                    BIAS_FALLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-                Err(e) => return Err(e),
+            if post.bias.is_none() || fuses_f32_bias(a.op.dtype, gemm_out(out)) {
+                let y = self.alloc(m * n * out.size())?;
+                self.gemm(&a.op, &b.op, &spec(post.bias), &y, gemm_out(out))?;
+                return Ok(y);
             }
+            // No fused f32 bias for these types: it is added below.
+            BIAS_FALLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         let acc = self.alloc(m * n * 4)?;
         self.gemm(&a.op, &b.op, &spec(None), &acc, GemmDType::F32)?;

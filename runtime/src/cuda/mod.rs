@@ -10,16 +10,18 @@
 //!
 //! Layout conventions, shared with the CPU quantizers: a quantized operand is
 //! "axis-last" (the quantization axis, which is the GEMM's reduction axis K,
-//! is contiguous), so every GEMM here is `y[M, N] = a[M, K] · b[N, K]^T`
-//! with both operands K-major. That is exactly cuBLASLt's "TN" layout, the
-//! only one Hopper runs FP8 in.
+//! is contiguous), so every quantized GEMM here is `y[M, N] = a[M, K] ·
+//! b[N, K]^T` with both operands K-major: cuBLASLt's "TN" layout, the only
+//! one Hopper runs FP8 in. BF16 GEMMs may also read an operand transposed,
+//! in place, and run strided batches ([`gemm::GemmSpec`]).
 //!
 //! - [`context`]: [`CudaContext`] (device, stream, kernel cache, versions).
 //! - [`alloc`]: the size-class caching allocator behind [`DevBuf`].
 //! - [`nvrtc`]: kernel sources (`runtime/kernels/*.cu`) and the per-process
 //!   compile cache.
 //! - [`quantize`]: MX quantize / dequantize and FP8 tensorwise launches.
-//! - [`gemm`]: cuBLASLt matmuls with per-tensor FP8 scale pointers.
+//! - [`gemm`]: cuBLASLt matmuls: BF16 and FP8 (per-tensor scale pointers),
+//!   batched, with a fused bias where cuBLASLt has one.
 //! - [`storage`]: the tensor backend ([`CudaStorage`], [`CudaDevice`]).
 //! - [`linear`]: the recipe linears (SPEC section 4) on device buffers.
 
@@ -36,7 +38,7 @@ pub mod storage;
 pub use alloc::{DevBuf, PoolStats};
 pub use context::{CudaContext, DeviceInfo, GpuTimer};
 pub use gemm::{GemmDType, GemmOperand};
-pub use quantize::{DequantLayout, Fp8Device, MxDevice};
+pub use quantize::{DequantLayout, Fp8Device, Fp8Device2d, Fp8Outputs, MxDevice};
 pub use storage::{CudaDevice, CudaStorage};
 
 /// Failures of the CUDA backend. Every message is one line.

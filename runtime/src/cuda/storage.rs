@@ -11,7 +11,7 @@
 //! are CUDA's (within 2 ulp of libm). Reductions and matmuls add in another
 //! order than the CPU; softmax and norm statistics accumulate in f64 like it.
 //!
-//! Strided views are passed to the kernels as a [`Strided`] of at most
+//! Strided views are passed to the kernels as a `Strided` of at most
 //! [`OPS_MAX_RANK`] dims after merging contiguous neighbours.
 //!
 //! One context per GPU ordinal is opened for the whole process on first use
@@ -66,7 +66,7 @@ const MM_TILE: u32 = 16;
 /// copies), index 1 retries that failed too (the tiled kernel ran).
 static MATMUL_FALLBACKS: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
 
-/// See [`MATMUL_FALLBACKS`]: `[packed retries, tiled kernel runs]`, for
+/// The fallback counts: `[packed retries, tiled kernel runs]`, for
 /// checks and benchmarks that must know which path ran.
 pub fn matmul_fallbacks() -> [usize; 2] {
     MATMUL_FALLBACKS

@@ -1,6 +1,6 @@
 //! The three GEMMs of a quantized linear, y = x W^T + b (SPEC section 4).
 //!
-//! Shapes: x [M, K], W [N, K], b [N], dy [M, N]. Each GEMM quantizes its
+//! Shapes: x `[M, K]`, W `[N, K]`, b `[N]`, dy `[M, N]`. Each GEMM quantizes its
 //! operands along its own reduction axis:
 //!
 //! | GEMM | reduction | mxfp4 / mxfp8 | fp8 |
@@ -201,7 +201,7 @@ pub fn forward(
     Ok((y, saved))
 }
 
-/// Backward of [`forward`]: dx [m, k], dW [n, k] and, with a bias, db [n].
+/// Backward of [`forward`]: dx `[m, k]`, dW `[n, k]` and, with a bias, db `[n]`.
 /// `w` is the master weight (read only by the `bf16` recipe).
 pub fn backward(
     recipe: &Recipe,
