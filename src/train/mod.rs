@@ -326,3 +326,50 @@ fn progress_bar(show: bool, start: u64, iters: u64) -> ProgressBar {
     }
     bar
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny_data() -> (SyntheticData, RunConfig) {
+        let cfg = RunConfig::load("flux-tiny").expect("built-in config");
+        (SyntheticData::new(&cfg.model, &cfg.data, 7), cfg)
+    }
+
+    fn same(a: &Batch, b: &Batch) -> bool {
+        a.timesteps == b.timesteps
+            && a.img.to_vec_f32().unwrap() == b.img.to_vec_f32().unwrap()
+            && a.target.to_vec_f32().unwrap() == b.target.to_vec_f32().unwrap()
+    }
+
+    /// The helper thread a GPU run uses hands over the batches of the
+    /// iterations in order, equal to the ones built in line; it needs no GPU.
+    #[test]
+    fn prefetched_batches_come_in_order() {
+        let (data, _) = tiny_data();
+        for device in [Device::Cpu, Device::Cuda(0)] {
+            let got = with_batches(&data, DType::F32, device, 3..7, |next| {
+                (0..4).map(|_| next()).collect::<Result<Vec<Batch>>>()
+            })
+            .unwrap();
+            for (i, b) in (3..7).zip(&got) {
+                assert!(
+                    same(b, &data.batch(i, DType::F32).unwrap()),
+                    "{device} iteration {i}"
+                );
+            }
+        }
+    }
+
+    /// A step that fails early stops the helper thread instead of hanging,
+    /// and the step's error comes out.
+    #[test]
+    fn an_early_error_stops_the_data_thread() {
+        let (data, _) = tiny_data();
+        let r: Result<()> = with_batches(&data, DType::F32, Device::Cuda(0), 0..1000, |next| {
+            next()?;
+            Err(Error::InvalidOption("step failed".into()))
+        });
+        assert!(matches!(r, Err(Error::InvalidOption(m)) if m == "step failed"));
+    }
+}
