@@ -397,3 +397,72 @@ __device__ __forceinline__ void encode_pack_finite(const float* x, u32* w) {
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// One MX block (SPEC section 2), shared by the row quantizer (quantize_mx.cu)
+// and the two-direction tile quantizer of the linears (mx_tile.cu).
+
+// Block amax as the max of |x| bits: NaN > Inf > every finite value.
+__device__ __forceinline__ u32 mx_block_amax_bits(const float* v) {
+    u32 m = 0u;
+#pragma unroll
+    for (int i = 0; i < MX_BLOCK; ++i) {
+        const u32 a = f2u(v[i]) & 0x7FFFFFFFu;
+        m = a > m ? a : m;
+    }
+    return m;
+}
+
+// The stochastic-rounding key of a tensor (SrKey): seed, step, tensor id.
+struct MxSrKey {
+    u32 seed_lo, seed_hi, step, tensor_id;
+};
+
+// Packed codes of block b (pack_codes layout) at scale `byte`: v is scaled
+// by 2^(127 - byte) in place, then encoded RNE, or with `sr` stochastically,
+// element i of the padded layout taking word i % 4 of
+// philox([i / 4 lo, i / 4 hi, step, tensor_id], seed) (SrKey::word). A NaN
+// scale (the block holds NaN or Inf) gives zero codes.
+template <class F>
+__device__ __forceinline__ void mx_encode_block(float* v, u32 byte, bool sr, const MxSrKey& key, u64 b,
+                                                u32* w) {
+    constexpr int WORDS = MX_BLOCK * CodeWidth<F>::W / 32;
+    if (byte == 0xFFu) {
+#pragma unroll
+        for (int k = 0; k < WORDS; ++k) w[k] = 0u;
+        return;
+    }
+    const float recip = e8m0_reciprocal(byte);
+#pragma unroll
+    for (int i = 0; i < MX_BLOCK; ++i) v[i] = v[i] * recip;
+    if (sr) {
+        u32 c[MX_BLOCK];
+#pragma unroll
+        for (int g = 0; g < MX_BLOCK / 4; ++g) {
+            const u64 group = b * (MX_BLOCK / 4) + (u64)g;
+            u32 r[4] = {(u32)group, (u32)(group >> 32), key.step, key.tensor_id};
+            philox4x32_10(r, key.seed_lo, key.seed_hi);
+#pragma unroll
+            for (int q = 0; q < 4; ++q) c[4 * g + q] = encode_sr<F>(v[4 * g + q], r[q]);
+        }
+        pack_codes<F, MX_BLOCK>(c, w);
+    } else {
+        // The scale is not NaN, so every element is finite.
+        encode_pack_finite<F, MX_BLOCK>(v, w);
+    }
+}
+
+// Stores block b's packed codes with 16-byte stores: 16 bytes of E2M1 pairs
+// or 32 bytes of E4M3.
+template <class F>
+__device__ __forceinline__ void mx_store_codes(u8* codes, u64 b, const u32* w) {
+    constexpr int WORDS = MX_BLOCK * CodeWidth<F>::W / 32;
+    Vec16* out = (Vec16*)(codes + b * (WORDS * 4));
+#pragma unroll
+    for (int h = 0; h < WORDS / 4; ++h) {
+        Vec16 q;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) q.w[k] = w[4 * h + k];
+        out[h] = q;
+    }
+}

@@ -33,39 +33,8 @@ struct MxDir {
     u16* deq;
     int hadamard;
     int sr;
-    u32 seed_lo, seed_hi, step, tensor_id;
+    MxSrKey key;
 };
-
-// Packed codes of one block at scale `byte`: 4 words (E2M1) or 8 (E4M3).
-// The SR word of element i of block b is word i % 4 of philox(b * 8 + i / 4)
-// (quantize_mx.cu); a NaN scale (a block holding NaN or Inf) gives zero codes.
-template <class F>
-__device__ __forceinline__ void encode_block(const float* v, u32 byte, const MxDir& d, u64 b, u32* w) {
-    constexpr int WORDS = MX_BLOCK * CodeWidth<F>::W / 32;
-    if (byte == 0xFFu) {
-#pragma unroll
-        for (int k = 0; k < WORDS; ++k) w[k] = 0u;
-        return;
-    }
-    const float recip = e8m0_reciprocal(byte);
-    float q[MX_BLOCK];
-#pragma unroll
-    for (int i = 0; i < MX_BLOCK; ++i) q[i] = v[i] * recip;
-    if (d.sr) {
-        u32 c[MX_BLOCK];
-#pragma unroll
-        for (int g = 0; g < MX_BLOCK / 4; ++g) {
-            const u64 group = b * (MX_BLOCK / 4) + (u64)g;
-            u32 r[4] = {(u32)group, (u32)(group >> 32), d.step, d.tensor_id};
-            philox4x32_10(r, d.seed_lo, d.seed_hi);
-#pragma unroll
-            for (int k = 0; k < 4; ++k) c[4 * g + k] = encode_sr<F>(q[4 * g + k], r[k]);
-        }
-        pack_codes<F, MX_BLOCK>(c, w);
-    } else {
-        encode_pack_finite<F, MX_BLOCK>(q, w);
-    }
-}
 
 // Stores block b's scale, packed codes and BF16 dequantized values (padded
 // row length `plen`) with 16-byte stores.
@@ -73,18 +42,8 @@ template <class F>
 __device__ __forceinline__ void store_block(const MxDir& d, const u32* w, u32 byte, u64 b, u64 row, u32 kb,
                                             u32 plen) {
     constexpr int W = CodeWidth<F>::W;
-    constexpr int WORDS = MX_BLOCK * W / 32;
     if (d.scales) d.scales[b] = (u8)byte;
-    if (d.codes) {
-        Vec16* out = (Vec16*)(d.codes + b * (MX_BLOCK * W / 8));
-#pragma unroll
-        for (int k = 0; k < WORDS / 4; ++k) {
-            Vec16 o;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) o.w[j] = w[4 * k + j];
-            out[k] = o;
-        }
-    }
+    if (d.codes) mx_store_codes<F>(d.codes, b, w);
     if (d.deq) {
         const float s = e8m0_decode(byte);
         u32 h[MX_BLOCK / 2];
@@ -147,13 +106,7 @@ __device__ __forceinline__ void mx_tile(const void* x, u32 rows, u32 cols, const
         hadamard16(v);
         hadamard16(v + 16);
     }
-    // Block amax as the max of |x| bits: NaN > Inf > every finite value.
-    u32 m = 0u;
-#pragma unroll
-    for (int i = 0; i < MX_BLOCK; ++i) {
-        const u32 a = f2u(v[i]) & 0x7FFFFFFFu;
-        m = a > m ? a : m;
-    }
+    u32 m = mx_block_amax_bits(v);
     if (by_row) tile_amax[t][lane] = m;
     __syncthreads();
     if (tile2d) {
@@ -180,7 +133,7 @@ __device__ __forceinline__ void mx_tile(const void* x, u32 rows, u32 cols, const
     const u64 b = row * (plen / MX_BLOCK) + kb;
     const u32 byte = scale_byte<F>(u2f(m), mode);
     u32 w[MX_BLOCK * CodeWidth<F>::W / 32];
-    encode_block<F>(v, byte, d, b, w);
+    mx_encode_block<F>(v, byte, d.sr, d.key, b, w);
     store_block<F>(d, w, byte, b, row, kb, plen);
 }
 

@@ -73,21 +73,6 @@ __device__ __forceinline__ void load_block(const void* x, u64 row_start, u32 col
     }
 }
 
-// Stores block b's packed codes with 16-byte stores: 16 bytes of E2M1 pairs
-// or 32 bytes of E4M3.
-template <class F>
-__device__ __forceinline__ void store_block_words(u8* codes, u32 b, const u32* w) {
-    constexpr int NW = MX_BLOCK * CodeWidth<F>::W / 32;
-    Vec16* out = (Vec16*)(codes + (u64)b * (NW * 4));
-#pragma unroll
-    for (int h = 0; h < NW / 4; ++h) {
-        Vec16 q;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) q.w[k] = w[4 * h + k];
-        out[h] = q;
-    }
-}
-
 // One block: amax, scale byte, q = x * 2^(127 - byte), encode. With
 // EXTRAS = false the Hadamard, SR and tile-phase arguments are ignored.
 template <class F, class In, bool EXTRAS>
@@ -110,13 +95,7 @@ __device__ __forceinline__ void quantize_mx_rows(const void* __restrict__ x, u8*
     if (EXTRAS && phase == PHASE_ENCODE_FIXED) {
         byte = scales[b];
     } else {
-        // Block amax as the max of |x| bits: NaN > Inf > every finite value.
-        u32 m = 0u;
-#pragma unroll
-        for (int i = 0; i < MX_BLOCK; ++i) {
-            const u32 a = f2u(v[i]) & 0x7FFFFFFFu;
-            m = a > m ? a : m;
-        }
+        const u32 m = mx_block_amax_bits(v);
         if (EXTRAS && phase == PHASE_AMAX) {
             amax_bits[b] = m;
             return;
@@ -124,35 +103,9 @@ __device__ __forceinline__ void quantize_mx_rows(const void* __restrict__ x, u8*
         byte = scale_byte<F>(u2f(m), mode);
         scales[b] = (u8)byte;
     }
-
     u32 w[MX_BLOCK * CodeWidth<F>::W / 32];
-    if (byte == 0xFFu) {
-        // NaN scale: the block holds NaN or Inf; its codes are zero.
-#pragma unroll
-        for (int k = 0; k < MX_BLOCK * CodeWidth<F>::W / 32; ++k) w[k] = 0u;
-    } else {
-        const float recip = e8m0_reciprocal(byte);
-#pragma unroll
-        for (int i = 0; i < MX_BLOCK; ++i) v[i] = v[i] * recip;
-        if (EXTRAS && sr) {
-            // Element i of the padded layout takes word i % 4 of
-            // philox([i / 4 lo, i / 4 hi, step, tensor_id], seed) (SrKey::word).
-            u32 c[MX_BLOCK];
-#pragma unroll
-            for (int g = 0; g < MX_BLOCK / 4; ++g) {
-                const u64 group = (u64)b * (MX_BLOCK / 4) + (u64)g;
-                u32 r[4] = {(u32)group, (u32)(group >> 32), step, tensor_id};
-                philox4x32_10(r, seed_lo, seed_hi);
-#pragma unroll
-                for (int q = 0; q < 4; ++q) c[4 * g + q] = encode_sr<F>(v[4 * g + q], r[q]);
-            }
-            pack_codes<F, MX_BLOCK>(c, w);
-        } else {
-            // The scale is not NaN, so every element is finite.
-            encode_pack_finite<F, MX_BLOCK>(v, w);
-        }
-    }
-    store_block_words<F>(codes, b, w);
+    mx_encode_block<F>(v, byte, EXTRAS && sr, MxSrKey{seed_lo, seed_hi, step, tensor_id}, b, w);
+    mx_store_codes<F>(codes, b, w);
 }
 
 // One scale byte per 32x32 tile from the per-block amax bits, replicated over

@@ -555,8 +555,8 @@ pub fn bias_fallbacks() -> usize {
 /// Slabs of 32x32 tiles per CTA of `mx_tile` (TILES in mx_tile.cu).
 const MX_TILES: usize = 4;
 
-/// One direction's options and outputs (struct MxDir in mx_tile.cu); null
-/// pointers are outputs not wanted.
+/// One direction's options and outputs (struct MxDir in mx_tile.cu, whose
+/// last four words are its MxSrKey); null pointers are outputs not wanted.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 struct MxDir {
