@@ -1230,6 +1230,26 @@ fn gemm_checks(ctx: &CudaContext, rep: &mut Report) {
     }
 }
 
+/// Median milliseconds of `f` on the GPU over 20 runs after 3 warm-ups,
+/// each run timed on the stream from an idle device.
+fn median_ms(f: &dyn Fn() -> Result<Tensor>) -> Result<f64> {
+    let ctx = CudaDevice::get(0)?.context().clone();
+    let cuda = |e: CudaError| mxswitch_runtime::Error::Backend(e.to_string());
+    for _ in 0..3 {
+        f()?;
+    }
+    let mut ms = vec![];
+    for _ in 0..20 {
+        ctx.synchronize().map_err(cuda)?;
+        let t = ctx.timer().map_err(cuda)?;
+        let y = f()?;
+        ms.push(f64::from(t.stop_ms().map_err(cuda)?));
+        drop(y);
+    }
+    ms.sort_by(f64::total_cmp);
+    Ok(ms[ms.len() / 2])
+}
+
 /// Median time of attention-shaped BF16 matmuls through the tensor API
 /// (output allocation and any packing included), printed as
 /// `BENCH matmul <name> ms=<median> tflops=<...>`.
@@ -1262,21 +1282,8 @@ fn matmul_bench(rep: &mut Report) {
             ),
             ("av_v_from_qkv_view", Box::new(|| p.matmul(&fv))),
         ];
-        let ctx = CudaDevice::get(0)?.context().clone();
-        let cuda = |e: CudaError| mxswitch_runtime::Error::Backend(e.to_string());
         for (name, f) in &runs {
-            for _ in 0..3 {
-                f()?;
-            }
-            let mut ms = vec![];
-            for _ in 0..20 {
-                let t = ctx.timer().map_err(cuda)?;
-                let y = f()?;
-                ms.push(f64::from(t.stop_ms().map_err(cuda)?));
-                drop(y);
-            }
-            ms.sort_by(f64::total_cmp);
-            let med = ms[ms.len() / 2];
+            let med = median_ms(f.as_ref())?;
             println!(
                 "BENCH matmul {name} ms={med:.4} tflops={:.1}",
                 qk_flops / (med * 1e-3) / 1e12
@@ -1313,22 +1320,8 @@ fn elementwise_bench(rep: &mut Report) {
             ),
             ("add_f32_8x512x3072", 12 * 4 * n, Box::new(|| af.add(&bf))),
         ];
-        let ctx = CudaDevice::get(0)?.context().clone();
-        let cuda = |e: CudaError| mxswitch_runtime::Error::Backend(e.to_string());
         for (name, bytes, f) in &runs {
-            for _ in 0..3 {
-                f()?;
-            }
-            let mut ms = vec![];
-            for _ in 0..20 {
-                ctx.synchronize().map_err(cuda)?;
-                let t = ctx.timer().map_err(cuda)?;
-                let y = f()?;
-                ms.push(f64::from(t.stop_ms().map_err(cuda)?));
-                drop(y);
-            }
-            ms.sort_by(f64::total_cmp);
-            let med = ms[ms.len() / 2];
+            let med = median_ms(f.as_ref())?;
             println!(
                 "BENCH elementwise {name} ms={med:.4} gbps={:.1}",
                 *bytes as f64 / (med * 1e-3) / 1e9

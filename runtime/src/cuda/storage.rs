@@ -625,17 +625,6 @@ impl BackendStorage for CudaStorage {
         if n > 0 {
             let (dims, [ls, rs]) =
                 coalesce(layout.dims(), [layout.strides(), rhs_layout.strides()]);
-            let _p = crate::profile::scope(
-                match (dims.len() <= 1, n) {
-                    (true, 0..=0xF_FFFF) => "binary: one run, < 1M",
-                    (true, 0x10_0000..=0x7F_FFFF) => "binary: one run, 1M-8M",
-                    (true, _) => "binary: one run, >= 8M",
-                    (false, 0..=0xF_FFFF) => "binary: strided, < 1M",
-                    (false, 0x10_0000..=0x7F_FFFF) => "binary: strided, 1M-8M",
-                    (false, _) => "binary: strided, >= 8M",
-                },
-                Device::Cuda(self.device.ordinal()),
-            );
             let sa = Strided::new(&dims, &ls, layout.offset())?;
             let sb = Strided::new(&dims, &rs, rhs_layout.offset())?;
             let (a, b, y, n, code) = (
@@ -667,18 +656,7 @@ impl BackendStorage for CudaStorage {
         if outer * inner == 0 {
             return Ok(out);
         }
-        let here = Device::Cuda(self.device.ordinal());
-        let packing = crate::profile::scope("reduce: packing", here);
         let (x, _keep) = self.packed(layout, op.name())?;
-        drop(packing);
-        let _p = crate::profile::scope(
-            if inner == 1 {
-                "reduce: last axis"
-            } else {
-                "reduce: inner axis"
-            },
-            here,
-        );
         let y = out.buf.ptr();
         let code: i32 = match op {
             ReduceOp::Sum => 0,
