@@ -17,14 +17,14 @@
 //! the runtime). Whether a schedule names only a model's compiled-in recipes
 //! is checked by [`crate::plan::check_schedule`].
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::recipe::{Recipe, RecipeKind};
 use crate::schedule::{Order, Phase, Schedule};
 use crate::{Error, Result};
 
 /// A schedule file, field for field.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScheduleConfig {
     pub phases: Vec<PhaseConfig>,
@@ -37,7 +37,7 @@ pub struct ScheduleConfig {
 }
 
 /// One phase: from iteration `start` on, `recipe` (a SPEC name) is the target.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PhaseConfig {
     pub start: u64,
@@ -47,7 +47,7 @@ pub struct PhaseConfig {
 }
 
 /// The recipe options of SPEC section 4; unset keys keep the recipe's defaults.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RecipeOptions {
     pub scale: Option<String>,

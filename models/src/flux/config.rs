@@ -4,13 +4,13 @@
 //! The built-in presets live in `models/configs/*.ron`; `flux-schnell`
 //! follows `configs["flux-schnell"]` of black-forest-labs/flux (src/flux/util.py).
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use mxswitch_runtime::schedule_config::ScheduleConfig;
 use mxswitch_runtime::{Error, Result};
 
 /// The architecture hyper-parameters of Flux.1 (`FluxParams` upstream).
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct FluxConfig {
     /// Channels of a patchified latent token: 4 x latent channels.
@@ -35,7 +35,7 @@ pub struct FluxConfig {
 }
 
 /// Shape of the synthetic training data.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct DataConfig {
     pub latent_channels: usize,
@@ -46,7 +46,7 @@ pub struct DataConfig {
 }
 
 /// Training settings; AdamW constants follow SPEC section 8.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
     pub iters: u64,
@@ -61,7 +61,7 @@ fn default_activations() -> String {
 }
 
 /// A whole run: `(model: (..), data: (..), train: (..), schedule: (..))`.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RunConfig {
     pub model: FluxConfig,
