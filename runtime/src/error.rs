@@ -31,6 +31,9 @@ pub enum Error {
     /// A file could not be read or written; the message names it.
     #[error("{0}")]
     Io(String),
+    /// Training could not go on (the loss diverged); the message says why and what to try.
+    #[error("{0}")]
+    Training(String),
     /// A combination that is valid but not implemented.
     #[error("not implemented: {0}")]
     NotImplemented(String),

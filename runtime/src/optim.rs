@@ -12,7 +12,7 @@ use crate::{Error, Gradients, Param, ParamId, Result, Tensor};
 
 /// AdamW hyper-parameters. SPEC section 8 trains Flux with beta1 0.9,
 /// beta2 0.95, eps 1e-8, weight decay 0.1.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct AdamWConfig {
     pub lr: f32,
     pub beta1: f32,
