@@ -9,4 +9,5 @@ pub use mxswitch_runtime as runtime;
 #[doc(inline)]
 pub use mxswitch_macros::precision;
 
+pub mod files;
 pub mod train;
