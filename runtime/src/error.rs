@@ -34,6 +34,10 @@ pub enum Error {
     /// Training could not go on (the loss diverged); the message says why and what to try.
     #[error("{0}")]
     Training(String),
+    /// A config file or preset that parsed but holds a bad value; the message
+    /// names where (`file:line:column`) and the field.
+    #[error("{0}")]
+    Config(String),
     /// A combination that is valid but not implemented.
     #[error("not implemented: {0}")]
     NotImplemented(String),

@@ -10,6 +10,7 @@ pub mod plan;
 pub mod profile;
 pub mod quant;
 pub mod recipe;
+pub mod ron_span;
 pub mod schedule;
 pub mod schedule_config;
 mod simd;
