@@ -338,7 +338,14 @@ pub fn read_regular(path: &Path, limit: u64) -> Result<Vec<u8>, FileError> {
             format!("it is {size} bytes, too large for this machine"),
         )
     })?;
-    let mut bytes = Vec::with_capacity(capacity);
+    let mut bytes = Vec::new();
+    // A file larger than free memory is an error, not an abort.
+    bytes.try_reserve_exact(capacity).map_err(|_| {
+        FileError::read(
+            path,
+            format!("it is {size} bytes, more than fits in memory"),
+        )
+    })?;
     file.take(size).read_to_end(&mut bytes).map_err(fail)?;
     Ok(bytes)
 }

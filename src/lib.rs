@@ -10,4 +10,5 @@ pub use mxswitch_runtime as runtime;
 pub use mxswitch_macros::precision;
 
 pub mod files;
+pub mod st_file;
 pub mod train;
