@@ -146,11 +146,31 @@ pub fn optimizer_step<M: Parameters + ?Sized>(
     })
 }
 
-/// Number of parameter values, allocated or not.
+/// Number of parameter values, allocated or not; saturates at `usize::MAX`
+/// rather than wrap (see [`try_count_params`] for a checked count).
 pub fn count_params<M: Parameters + ?Sized>(model: &mut M) -> usize {
-    let mut n = 0;
-    model.visit_params("", &mut |slot| n += slot.shape.iter().product::<usize>());
-    n
+    try_count_params(model).map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX))
+}
+
+/// Number of parameter values, allocated or not, in checked arithmetic: a
+/// shape or a total past `u64::MAX` is an error naming the parameter.
+pub fn try_count_params<M: Parameters + ?Sized>(model: &mut M) -> Result<u64> {
+    let mut total = 0u64;
+    try_visit_params(model, |slot| {
+        let n = slot
+            .shape
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
+            .and_then(|n| total.checked_add(n));
+        total = n.ok_or_else(|| {
+            Error::Shape(format!(
+                "the parameter count overflows 64 bits at `{}` {:?}; use smaller model sizes",
+                slot.path, slot.shape
+            ))
+        })?;
+        Ok(())
+    })?;
+    Ok(total)
 }
 
 /// FNV-1a of a path: separates the streams of different parameters.
@@ -266,5 +286,28 @@ pub fn linear_slots(
             init,
             bias,
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameter_counts_are_checked() {
+        let mut small = vec![Dense::new(3, 4, true), Dense::new(4, 2, false)];
+        assert_eq!(try_count_params(&mut small).unwrap(), 3 * 4 + 4 + 4 * 2);
+        assert_eq!(count_params(&mut small), 24);
+        let mut huge: Vec<Dense> = (0..4)
+            .map(|_| Dense::new(1 << 31, 1 << 31, false))
+            .collect();
+        let e = try_count_params(&mut huge).unwrap_err().to_string();
+        assert!(e.contains("overflows 64 bits at `3.weight`"), "{e}");
+        assert_eq!(count_params(&mut huge), usize::MAX);
+        let mut one = Dense::new(1 << 33, 1 << 31, false);
+        assert_eq!(
+            try_count_params(&mut one).unwrap_err().to_string(),
+            "shape error: the parameter count overflows 64 bits at `weight` [2147483648, 8589934592]; use smaller model sizes"
+        );
     }
 }
