@@ -39,6 +39,26 @@ impl Device {
             _ => None,
         }
     }
+
+    /// Free and total bytes of a GPU's memory, for checking that a job fits
+    /// before it allocates; `Ok(None)` on the CPU, whose memory is the host's.
+    pub fn memory_info(&self) -> crate::Result<Option<(u64, u64)>> {
+        match self {
+            Device::Cpu => Ok(None),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(i) => {
+                let device = crate::cuda::CudaDevice::get(*i)?;
+                let (free, total) = device
+                    .context()
+                    .memory_info()
+                    .map_err(|e| crate::Error::Backend(e.to_string()))?;
+                Ok(Some((free as u64, total as u64)))
+            }
+            other => Err(crate::Error::DeviceUnavailable {
+                device: other.to_string(),
+            }),
+        }
+    }
 }
 
 impl std::fmt::Display for Device {

@@ -3,8 +3,10 @@
 
 pub mod config;
 pub mod data;
+pub mod memory;
 pub mod model;
 
 pub use config::{DataConfig, FluxConfig, RunConfig, TrainConfig, PRESETS};
 pub use data::{patchify, Batch, SyntheticData};
+pub use memory::{estimate_training_bytes, format_bytes, MemoryEstimate};
 pub use model::{DoubleBlock, Flux, FluxInput, SingleBlock};

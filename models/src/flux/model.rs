@@ -17,7 +17,7 @@ use super::config::FluxConfig;
 /// LayerNorm and QK RMSNorm epsilon, as upstream.
 const EPS: f32 = 1e-6;
 /// Width of the sinusoidal timestep embedding.
-const TIME_DIM: usize = 256;
+pub(crate) const TIME_DIM: usize = 256;
 
 fn unallocated() -> mxswitch_runtime::Error {
     mxswitch_runtime::Error::InvalidOption("the model has no weights: call allocate() first".into())
@@ -194,6 +194,20 @@ impl DoubleBlock {
         }
     }
 
+    /// The quantized linears, for counting what they save for backward.
+    pub fn quantized(&self) -> [&QuantLinear; 8] {
+        [
+            &self.img_qkv,
+            &self.img_proj,
+            &self.img_mlp_fc1,
+            &self.img_mlp_fc2,
+            &self.txt_qkv,
+            &self.txt_proj,
+            &self.txt_mlp_fc1,
+            &self.txt_mlp_fc2,
+        ]
+    }
+
     /// img [B, Li, H], txt [B, Lt, H], vec [B, H] -> new (img, txt).
     pub fn forward(
         &self,
@@ -269,6 +283,11 @@ impl SingleBlock {
             mlp_fc1: QuantLinear::new(h, m, true),
             mlp_fc2: QuantLinear::new(m, h, true),
         }
+    }
+
+    /// The quantized linears, for counting what they save for backward.
+    pub fn quantized(&self) -> [&QuantLinear; 4] {
+        [&self.qkv, &self.proj, &self.mlp_fc1, &self.mlp_fc2]
     }
 
     /// x [B, L, H], vec [B, H] -> x.

@@ -194,6 +194,17 @@ impl CudaContext {
         self.inner.pool.stats()
     }
 
+    /// Free and total device memory in bytes. Free counts the buffers the
+    /// pool has cached, which it hands out before asking the driver for more.
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        let (free, total) = self
+            .inner
+            .ctx
+            .mem_get_info()
+            .map_err(driver_err("cuMemGetInfo"))?;
+        Ok((free.saturating_add(self.pool_stats().bytes_cached), total))
+    }
+
     /// An uninitialized buffer of `bytes` bytes from the pool.
     pub fn alloc(&self, bytes: usize) -> Result<DevBuf> {
         self.inner.pool.alloc(bytes)
