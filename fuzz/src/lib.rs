@@ -1,0 +1,127 @@
+//! What each fuzz target does with one input, shared by the cargo-fuzz
+//! targets and the property test `tests/fuzz_readers.rs` (which includes this
+//! file as a module), so both drive the readers the same way.
+//!
+//! A reader may reject any input with an error; a panic, an overflow or an
+//! absurd allocation is the bug being looked for. Accepted outputs are checked
+//! for the invariants callers rely on, so a reader that lets an inconsistent
+//! file through also fails.
+
+use std::path::Path;
+
+use mxswitch::models::flux::{Flux, RunConfig};
+use mxswitch::runtime::module::{allocate, try_count_params};
+use mxswitch::runtime::optim::{AdamW, AdamWConfig};
+use mxswitch::runtime::plan::check_schedule;
+use mxswitch::st_file;
+use mxswitch::train::{parse_checkpoint, schedule_of, RunFlags};
+
+/// How far one input got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stage {
+    /// The reader returned an error.
+    Rejected,
+    /// The reader accepted it; the step after it (plan, restore) refused it.
+    Parsed,
+    /// Accepted all the way: a plan was built or a model restored.
+    Used,
+}
+
+/// The micro Flux run the checkpoint target restores into and its seed
+/// checkpoint was trained with: small enough that the checkpoint is ~20 KB.
+pub const MICRO_CONFIG: &str = include_str!("../corpus/config_loader/seed-micro.ron");
+
+/// The safetensors reader: parse, then check that every tensor's bytes are
+/// exactly its shape times its dtype size, and that names are unique.
+pub fn safetensors_reader(data: &[u8]) -> Stage {
+    let Ok((tensors, _metadata)) = st_file::parse(data) else {
+        return Stage::Rejected;
+    };
+    let mut names = std::collections::HashSet::new();
+    for t in &tensors {
+        let elements = t
+            .shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .unwrap_or_else(|| panic!("tensor {:?}: shape {:?} overflows", t.name, t.shape));
+        assert_eq!(
+            Some(t.data.len()),
+            elements.checked_mul(t.dtype.size()),
+            "tensor {:?} of {:?} {:?} holds {} bytes",
+            t.name,
+            t.dtype,
+            t.shape,
+            t.data.len()
+        );
+        assert!(names.insert(&t.name), "tensor {:?} listed twice", t.name);
+    }
+    Stage::Parsed
+}
+
+/// The config loader: RON text to a validated run config, then what
+/// `mxswitch plan` and the start of `mxswitch train` do before any weight
+/// exists: the schedule (also with its switch moved), the checked parameter
+/// count, the model's shape and its precision plan. The model is built for
+/// every accepted config: validation bounds the block counts and widths
+/// (`MAX_BLOCKS`, `MAX_WIDTH`), and nothing here allocates a weight.
+pub fn config_loader(data: &[u8]) -> Stage {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return Stage::Rejected;
+    };
+    let Ok(cfg) = RunConfig::from_ron(text, "fuzz.ron") else {
+        return Stage::Rejected;
+    };
+    let Ok(schedule) = schedule_of(&cfg, None) else {
+        return Stage::Parsed;
+    };
+    let _ = schedule_of(&cfg, Some(1));
+    let mut model = Flux::new(&cfg.model);
+    if try_count_params(&mut model).is_err() {
+        return Stage::Parsed;
+    }
+    let plan = model.plan();
+    if plan.check_not_empty("Flux").is_err() || check_schedule::<Flux>(&schedule).is_err() {
+        return Stage::Parsed;
+    }
+    Stage::Used
+}
+
+/// The checkpoint loader: parse, check the recorded run as `--resume` does,
+/// and restore into an allocated micro model with a fresh optimizer.
+pub struct CheckpointTarget {
+    model: Flux,
+}
+
+impl CheckpointTarget {
+    pub fn new() -> CheckpointTarget {
+        let cfg = RunConfig::from_ron(MICRO_CONFIG, "seed-micro.ron").expect("the micro config");
+        let mut model = Flux::new(&cfg.model);
+        allocate(&mut model, 0).expect("allocating the micro model");
+        CheckpointTarget { model }
+    }
+
+    pub fn load(&mut self, data: &[u8]) -> Stage {
+        let Ok(ckpt) = parse_checkpoint(data) else {
+            return Stage::Rejected;
+        };
+        let _ = ckpt.run.schedule();
+        let run = &ckpt.run;
+        let _ = run.resumed(
+            ckpt.iteration,
+            &RunFlags::default(),
+            run.adamw,
+            run.clip_norm,
+        );
+        let mut opt = AdamW::new(AdamWConfig::default()).expect("default AdamW settings");
+        match ckpt.restore(Path::new("fuzz.safetensors"), &mut self.model, &mut opt) {
+            Ok(()) => Stage::Used,
+            Err(_) => Stage::Parsed,
+        }
+    }
+}
+
+impl Default for CheckpointTarget {
+    fn default() -> Self {
+        CheckpointTarget::new()
+    }
+}
