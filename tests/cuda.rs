@@ -44,13 +44,14 @@ fn cuda_device_fails_with_one_line_without_a_gpu() {
 
 fn run(device: Device, out: &std::path::Path) -> TrainSummary {
     train(&TrainOptions {
-        config: RunConfig::load("flux-tiny").unwrap(),
+        config: Some(RunConfig::load("flux-tiny").unwrap()),
         iters: Some(20),
         switch_at: Some(10),
         device,
         out: out.to_path_buf(),
-        seed: 0,
+        seed: None,
         resume: None,
+        overwrite: false,
         progress: false,
     })
     .unwrap()

@@ -14,13 +14,14 @@ fn tiny() -> RunConfig {
 
 fn run(config: RunConfig, out: &Path, iters: u64, resume: Option<&Path>) -> TrainSummary {
     train(&TrainOptions {
-        config,
+        config: Some(config),
         iters: Some(iters),
         switch_at: Some(40),
         device: Device::Cpu,
         out: out.to_path_buf(),
-        seed: 0,
+        seed: None,
         resume: resume.map(Path::to_path_buf),
+        overwrite: false,
         progress: false,
     })
     .unwrap()
@@ -201,13 +202,14 @@ fn a_depth_zero_model_is_an_error_when_built() {
     cfg.model.depth_single_blocks = 0;
     let dir = tempfile::tempdir().unwrap();
     let err = train(&TrainOptions {
-        config: cfg,
+        config: Some(cfg),
         iters: Some(2),
         switch_at: None,
         device: Device::Cpu,
         out: dir.path().to_path_buf(),
-        seed: 0,
+        seed: None,
         resume: None,
+        overwrite: false,
         progress: false,
     })
     .unwrap_err()

@@ -16,11 +16,29 @@ const EXIT_FAILURE: u8 = 1;
 /// Exit status of a command line that did not parse (clap's convention).
 const EXIT_USAGE: u8 = 2;
 
+/// What a command that succeeded returns: nothing (exit 0) or its own
+/// exit status (an interrupted `train` exits 130).
+pub trait Outcome {
+    fn exit_code(self) -> ExitCode;
+}
+
+impl Outcome for () {
+    fn exit_code(self) -> ExitCode {
+        ExitCode::SUCCESS
+    }
+}
+
+impl Outcome for ExitCode {
+    fn exit_code(self) -> ExitCode {
+        self
+    }
+}
+
 /// Turn a command's result into the process exit status, printing a failure
 /// as one line.
-pub fn finish<E: Display>(result: Result<(), E>) -> ExitCode {
+pub fn finish<T: Outcome, E: Display>(result: Result<T, E>) -> ExitCode {
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(outcome) => outcome.exit_code(),
         Err(err) => {
             eprintln!("error: {}", single_line(&err.to_string()));
             ExitCode::from(EXIT_FAILURE)

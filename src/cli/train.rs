@@ -1,22 +1,31 @@
 //! `mxswitch train`: train Flux through its precision schedule.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
+use mxswitch::files::interrupt;
 use mxswitch::models::flux::RunConfig;
 use mxswitch::runtime::{Device, Result};
 use mxswitch::train::{train, TrainOptions};
 
 /// Arguments of `mxswitch train`.
 #[derive(Debug, clap::Args)]
+#[command(after_help = "\
+A folder that holds a previous run is refused unless the run resumes from its checkpoint \
+or --overwrite is given. Ctrl-C stops after the current step: the metrics are flushed, a \
+checkpoint of the last finished step is written, and the command prints how to resume \
+(exit status 130).")]
 pub struct TrainArgs {
-    /// A RON run config file, or a built-in name: flux-tiny, flux-small, flux-schnell.
-    #[arg(long, value_name = "FILE.ron|NAME")]
-    pub config: String,
-    /// Number of optimizer steps [default: the config's train.iters].
-    #[arg(long, value_name = "N")]
+    /// A RON run config file, or a built-in name: flux-tiny, flux-small,
+    /// flux-schnell. Optional with --resume (the checkpoint records it).
+    #[arg(long, value_name = "FILE.ron|NAME", required_unless_present = "resume")]
+    pub config: Option<String>,
+    /// Number of optimizer steps [default: the config's train.iters, or the
+    /// resumed run's].
+    #[arg(long, value_name = "N", value_parser = whole_number, allow_negative_numbers = true)]
     pub iters: Option<u64>,
     /// Iteration of the first switch (moves the config's second phase).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = whole_number, allow_negative_numbers = true)]
     pub switch_at: Option<u64>,
     /// Where to train.
     #[arg(long, value_name = "DEVICE", default_value = "cpu", value_parser = ["cpu", "cuda", "rocm"])]
@@ -24,22 +33,38 @@ pub struct TrainArgs {
     /// Output folder for metrics.jsonl, loss.png and checkpoint.safetensors.
     #[arg(long, value_name = "DIR", default_value = "runs/flux")]
     pub out: PathBuf,
-    /// Seed of the weights, the data and stochastic rounding.
-    #[arg(long, value_name = "S", default_value_t = 0)]
-    pub seed: u64,
-    /// Continue from a checkpoint written by an earlier run.
+    /// Seed of the weights, the data and stochastic rounding [default: 0, or
+    /// the resumed run's].
+    #[arg(long, value_name = "S", value_parser = whole_number, allow_negative_numbers = true)]
+    pub seed: Option<u64>,
+    /// Continue the run a checkpoint records.
     #[arg(long, value_name = "CKPT")]
     pub resume: Option<PathBuf>,
+    /// Replace a previous run in the output folder.
+    #[arg(long)]
+    pub overwrite: bool,
 }
 
-pub fn run(args: &TrainArgs) -> Result<()> {
+/// A whole number for an iteration count or a seed, with a message that
+/// says so (clap would call `-1` an unexpected argument).
+fn whole_number(s: &str) -> std::result::Result<u64, String> {
+    s.parse()
+        .map_err(|_| format!("expected a whole number 0 or more, got `{s}`"))
+}
+
+/// Exit status of a run stopped by Ctrl-C or SIGTERM (128 + SIGINT).
+const EXIT_INTERRUPTED: u8 = 130;
+
+pub fn run(args: &TrainArgs) -> Result<ExitCode> {
     let device = match args.device.as_str() {
         "cuda" => Device::Cuda(0),
         "rocm" => Device::Rocm(0),
         _ => Device::Cpu,
     };
     mxswitch::train::check_device(device)?;
-    let config = RunConfig::load(&args.config)?;
+    let config = args.config.as_deref().map(RunConfig::load).transpose()?;
+    interrupt::install();
+    interrupt::set_graceful(true);
     let summary = train(&TrainOptions {
         config,
         iters: args.iters,
@@ -48,8 +73,25 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         out: args.out.clone(),
         seed: args.seed,
         resume: args.resume.clone(),
+        overwrite: args.overwrite,
         progress: true,
     })?;
+    interrupt::set_graceful(false);
+    if let Some(next) = summary.interrupted_at {
+        match summary.metrics.last() {
+            Some(last) => println!(
+                "interrupted after iteration {}: wrote {}, {} and {}; resume with: mxswitch train --resume {} --out {}",
+                last.iter,
+                summary.metrics_file.display(),
+                summary.plot.display(),
+                summary.checkpoint.display(),
+                summary.checkpoint.display(),
+                args.out.display()
+            ),
+            None => println!("interrupted before iteration {next}: nothing was trained or written"),
+        }
+        return Ok(ExitCode::from(EXIT_INTERRUPTED));
+    }
     if let (Some(first), Some(last)) = (summary.metrics.first(), summary.metrics.last()) {
         println!(
             "trained iterations {}..={}: loss {:.4} -> {:.4}; wrote {}, {} and {}",
@@ -57,7 +99,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             last.iter,
             first.loss,
             last.loss,
-            args.out.join("metrics.jsonl").display(),
+            summary.metrics_file.display(),
             summary.plot.display(),
             summary.checkpoint.display()
         );
@@ -65,5 +107,5 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     if let Some(report) = mxswitch::runtime::profile::report() {
         eprint!("{report}");
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }

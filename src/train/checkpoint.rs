@@ -1,25 +1,37 @@
 //! Training checkpoints in safetensors: every parameter (`param.<path>`),
 //! the AdamW moments (`adamw.m.<path>`, `adamw.v.<path>`) and, in the
-//! metadata, the next iteration, the seed and each parameter's step count.
-//! No recipe is stored: the recipe in force is a pure function of the
-//! iteration, so a run resumed past a switch is switched.
+//! metadata, the next iteration (`iteration`), the whole run
+//! ([`RunRecord`], key `run`) and each parameter's step count
+//! (`adamw.steps`). No recipe is stored: the recipe in force is a pure
+//! function of the iteration and the recorded schedule, so a run resumed
+//! past a switch is switched.
+//!
+//! Loading is strict: a missing, extra or misshapen tensor, a step count
+//! without moments or moments without one, is an error that names it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-use safetensors::tensor::{Dtype, TensorView};
-use safetensors::SafeTensors;
+use safetensors::tensor::Dtype;
 
 use mxswitch_runtime::module::{allocated, try_visit_params, Parameters};
 use mxswitch_runtime::optim::AdamW;
 use mxswitch_runtime::{Error, Result, Tensor};
 
-/// What a checkpoint says besides the tensors.
-#[derive(Clone, Debug, PartialEq, Eq)]
+use super::record::RunRecord;
+use crate::files;
+use crate::st_file::{self, printable, StTensor};
+
+/// A checkpoint read from disk, checked, before it is put into a model.
+#[derive(Debug)]
 pub struct Checkpoint {
     /// The next iteration to run.
     pub iteration: u64,
-    pub seed: u64,
+    pub run: RunRecord,
+    /// Every tensor by name: shape and f32 values.
+    tensors: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+    /// AdamW step count per parameter path.
+    steps: BTreeMap<String, u64>,
 }
 
 fn err(path: &Path, what: impl std::fmt::Display) -> Error {
@@ -30,13 +42,14 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-/// Write the model and optimizer state.
+/// Write the model and optimizer state of `run` at `iteration` (the next
+/// one to run). The file appears whole or not at all.
 pub fn save_checkpoint<M: Parameters>(
     path: &Path,
     model: &mut M,
     opt: &AdamW,
     iteration: u64,
-    seed: u64,
+    run: &RunRecord,
 ) -> Result<()> {
     let mut buffers: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     let mut steps = serde_json::Map::new();
@@ -56,83 +69,173 @@ pub fn save_checkpoint<M: Parameters>(
         Ok(())
     })
     .map_err(|e| err(path, e))?;
-    let mut views = HashMap::new();
-    for (name, shape, bytes) in &buffers {
-        let view = TensorView::new(Dtype::F32, shape.clone(), bytes).map_err(|e| err(path, e))?;
-        views.insert(name.clone(), view);
-    }
+    let tensors: Vec<StTensor> = buffers
+        .iter()
+        .map(|(name, shape, bytes)| StTensor {
+            name: name.clone(),
+            dtype: Dtype::F32,
+            shape: shape.clone(),
+            data: bytes,
+        })
+        .collect();
+    let run = serde_json::to_string(run).map_err(|e| err(path, e))?;
     let metadata = HashMap::from([
         ("iteration".to_string(), iteration.to_string()),
-        ("seed".to_string(), seed.to_string()),
+        ("run".to_string(), run),
         (
             "adamw.steps".to_string(),
             serde_json::Value::Object(steps).to_string(),
         ),
     ]);
-    // Write beside the target and rename, so a failure leaves no half file.
-    let tmp = path.with_extension("safetensors.tmp");
-    safetensors::serialize_to_file(&views, &Some(metadata), &tmp).map_err(|e| err(path, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| err(path, e))
+    files::write_atomically(path, |f| st_file::write(f, &tensors, &metadata))?;
+    Ok(())
 }
 
-/// Read a checkpoint into an allocated model and a fresh optimizer.
-pub fn load_checkpoint<M: Parameters>(
-    path: &Path,
-    model: &mut M,
-    opt: &mut AdamW,
-) -> Result<Checkpoint> {
-    let bytes = std::fs::read(path).map_err(|e| err(path, e))?;
-    let (_, meta) = SafeTensors::read_metadata(&bytes)
-        .map_err(|e| err(path, format!("not a safetensors file: {e}")))?;
-    let st = SafeTensors::deserialize(&bytes)
-        .map_err(|e| err(path, format!("not a safetensors file: {e}")))?;
-    let meta = meta.metadata().clone().unwrap_or_default();
-    let number = |key: &str| -> Result<u64> {
-        meta.get(key)
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| err(path, format!("metadata `{key}` is missing")))
+/// Read and check a checkpoint file. `limit` bounds the bytes read.
+pub fn read_checkpoint(path: &Path, limit: u64) -> Result<Checkpoint> {
+    let bytes = files::read_regular(path, limit).map_err(|e| err(path, e))?;
+    parse_checkpoint(&bytes).map_err(|e| err(path, e))
+}
+
+/// Parse checkpoint bytes; the error is the reason, without the file name.
+pub fn parse_checkpoint(bytes: &[u8]) -> std::result::Result<Checkpoint, String> {
+    let (tensors, meta) = st_file::parse(bytes).map_err(|r| format!("not a safetensors file: {r}"))?;
+    let entry = |key: &str| -> std::result::Result<&String, String> {
+        meta.get(key).ok_or_else(|| {
+            format!("metadata `{key}` is missing: it was not written by `mxswitch train` of this version")
+        })
     };
-    let ckpt = Checkpoint {
-        iteration: number("iteration")?,
-        seed: number("seed")?,
+    let iteration: u64 = {
+        let v = entry("iteration")?;
+        v.parse()
+            .map_err(|_| format!("metadata `iteration` is {:?}, not a whole number", printable(v)))?
     };
-    let steps: serde_json::Map<String, serde_json::Value> = meta
-        .get("adamw.steps")
-        .and_then(|s| serde_json::from_str(s).ok())
-        .ok_or_else(|| err(path, "metadata `adamw.steps` is missing"))?;
-    let read = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
-        let t = st
-            .tensor(name)
-            .map_err(|_| err(path, format!("tensor `{name}` is missing")))?;
-        if t.dtype() != Dtype::F32 || t.shape() != shape {
+    let run: RunRecord = serde_json::from_str(entry("run")?)
+        .map_err(|e| format!("metadata `run` is not a valid run record: {e}"))?;
+    let steps_json: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(entry("adamw.steps")?)
+            .map_err(|e| format!("metadata `adamw.steps` is not a JSON object of step counts: {e}"))?;
+    let mut steps = BTreeMap::new();
+    for (name, v) in steps_json {
+        let n = v.as_u64().ok_or_else(|| {
+            format!(
+                "metadata `adamw.steps` gives `{}` the step count {v}, not a whole number",
+                printable(&name)
+            )
+        })?;
+        steps.insert(name, n);
+    }
+    if iteration > run.iters {
+        return Err(format!(
+            "metadata `iteration` {iteration} is past the run's {} iterations",
+            run.iters
+        ));
+    }
+    if iteration > 0 && steps.is_empty() {
+        return Err(format!(
+            "it is at iteration {iteration} but holds no AdamW state (metadata `adamw.steps` is empty)"
+        ));
+    }
+    let mut out = BTreeMap::new();
+    for t in tensors {
+        if t.dtype != Dtype::F32 {
+            return Err(format!(
+                "tensor `{}` is {:?}; checkpoints hold F32 only",
+                printable(&t.name),
+                t.dtype
+            ));
+        }
+        let values = t
+            .data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        out.insert(t.name, (t.shape, values));
+    }
+    Ok(Checkpoint {
+        iteration,
+        run,
+        tensors: out,
+        steps,
+    })
+}
+
+impl Checkpoint {
+    /// Put the weights into an allocated `model` (on the parameter's device)
+    /// and the moments into a fresh `opt`. Every tensor and step count must
+    /// be used; `path` names the file in errors.
+    pub fn restore<M: Parameters>(self, path: &Path, model: &mut M, opt: &mut AdamW) -> Result<()> {
+        let Checkpoint {
+            mut tensors,
+            mut steps,
+            ..
+        } = self;
+        try_visit_params(model, |slot| {
+            let p = slot
+                .param
+                .as_mut()
+                .ok_or_else(|| err(path, format!("parameter {} is not allocated", slot.path)))?;
+            let value = take(&mut tensors, path, &format!("param.{}", slot.path), &slot.shape)?;
+            p.set(Tensor::from_vec(value, slot.shape.clone(), &p.device())?)?;
+            let m = format!("adamw.m.{}", slot.path);
+            let v = format!("adamw.v.{}", slot.path);
+            match steps.remove(&slot.path) {
+                Some(step) => {
+                    let m = take(&mut tensors, path, &m, &slot.shape)?;
+                    let v = take(&mut tensors, path, &v, &slot.shape)?;
+                    opt.set_state(p.id(), step, m, v)
+                }
+                None if tensors.contains_key(&m) || tensors.contains_key(&v) => Err(err(
+                    path,
+                    format!(
+                        "tensor `{}` has no step count in metadata `adamw.steps`",
+                        printable(&m)
+                    ),
+                )),
+                None => Ok(()),
+            }
+        })?;
+        if let Some(name) = tensors.keys().next() {
             return Err(err(
                 path,
                 format!(
-                    "tensor `{name}` is {:?} {:?}, expected F32 {shape:?}",
-                    t.dtype(),
-                    t.shape()
+                    "tensor `{}` is not a parameter of this model or its AdamW state ({} unexpected tensor(s))",
+                    printable(name),
+                    tensors.len()
                 ),
             ));
         }
-        Ok(t.data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect())
-    };
-    try_visit_params(model, |slot| {
-        let p = slot
-            .param
-            .as_mut()
-            .ok_or_else(|| err(path, format!("parameter {} is not allocated", slot.path)))?;
-        // The value goes where the parameter lives (the CPU or a GPU).
-        let value = read(&format!("param.{}", slot.path), &slot.shape)?;
-        p.set(Tensor::from_vec(value, slot.shape.clone(), &p.device())?)?;
-        if let Some(step) = steps.get(&slot.path).and_then(|s| s.as_u64()) {
-            let m = read(&format!("adamw.m.{}", slot.path), &slot.shape)?;
-            let v = read(&format!("adamw.v.{}", slot.path), &slot.shape)?;
-            opt.set_state(p.id(), step, m, v)?;
+        if let Some(name) = steps.keys().next() {
+            return Err(err(
+                path,
+                format!(
+                    "metadata `adamw.steps` names `{}`, which is not a parameter of this model",
+                    printable(name)
+                ),
+            ));
         }
         Ok(())
-    })?;
-    Ok(ckpt)
+    }
+}
+
+/// Remove the tensor `name` of `shape` from what is left to restore.
+fn take(
+    tensors: &mut BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+    path: &Path,
+    name: &str,
+    shape: &[usize],
+) -> Result<Vec<f32>> {
+    let (got, values) = tensors
+        .remove(name)
+        .ok_or_else(|| err(path, format!("tensor `{}` is missing", printable(name))))?;
+    if got != shape {
+        return Err(err(
+            path,
+            format!(
+                "tensor `{}` has shape {got:?}, but the model's parameter has {shape:?}",
+                printable(name)
+            ),
+        ));
+    }
+    Ok(values)
 }

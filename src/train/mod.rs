@@ -6,15 +6,16 @@
 //! `--resume` continues from bit-identically.
 
 mod checkpoint;
+mod memory;
 mod plot;
+mod record;
+mod run_dir;
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use mxswitch_models::flux::{Batch, Flux, FluxInput, RunConfig, SyntheticData};
 use mxswitch_runtime::module::{allocate, optimizer_step, try_visit_params};
@@ -24,29 +25,39 @@ use mxswitch_runtime::schedule::{Phase, Schedule, SwitchReport};
 use mxswitch_runtime::warmup::warmup;
 use mxswitch_runtime::{DType, Device, Error, Result, Tensor};
 
-pub use checkpoint::{load_checkpoint, save_checkpoint, Checkpoint};
+pub use checkpoint::{parse_checkpoint, read_checkpoint, save_checkpoint, Checkpoint};
+pub use record::{RunFlags, RunRecord};
+use crate::files::interrupt;
+use run_dir::RunDir;
 
 /// Gradient clipping threshold (SPEC section 8).
 const CLIP_NORM: f32 = 1.0;
 
-/// Everything `mxswitch train` takes.
+/// Everything `mxswitch train` takes. With `resume`, the run is the one the
+/// checkpoint records, and the other fields may only repeat it (`iters`
+/// may grow it).
 #[derive(Clone, Debug)]
 pub struct TrainOptions {
-    pub config: RunConfig,
+    /// The run config; optional only when resuming.
+    pub config: Option<RunConfig>,
     /// Overrides `train.iters` of the config.
     pub iters: Option<u64>,
     /// Moves the first switch of the schedule.
     pub switch_at: Option<u64>,
     pub device: Device,
     pub out: PathBuf,
-    pub seed: u64,
+    /// Seed of the weights, the data and stochastic rounding [default 0].
+    pub seed: Option<u64>,
     pub resume: Option<PathBuf>,
+    /// Replace a previous run in `out`.
+    pub overwrite: bool,
     /// Show a progress bar (off in tests).
     pub progress: bool,
 }
 
 /// One line of `metrics.jsonl`: exactly these keys.
-#[derive(Clone, Debug, Serialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
 pub struct StepMetrics {
     pub iter: u64,
     pub loss: f32,
@@ -62,11 +73,29 @@ pub struct StepMetrics {
 /// What a run produced.
 #[derive(Clone, Debug)]
 pub struct TrainSummary {
+    /// The steps this run trained (not the earlier part of a resumed run).
     pub metrics: Vec<StepMetrics>,
     /// Every switch line printed, in order.
     pub switches: Vec<String>,
+    /// Warnings printed before training (phases that never start).
+    pub warnings: Vec<String>,
     pub checkpoint: PathBuf,
     pub plot: PathBuf,
+    pub metrics_file: PathBuf,
+    /// Set when a signal stopped the run: the next iteration to run, which
+    /// the checkpoint resumes from.
+    pub interrupted_at: Option<u64>,
+}
+
+/// The AdamW settings of SPEC section 8 at the config's learning rate.
+fn adamw_config(cfg: &RunConfig) -> AdamWConfig {
+    AdamWConfig {
+        lr: cfg.train.lr,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+    }
 }
 
 /// The schedule of the config, with the first switch moved to `switch_at`.
@@ -135,8 +164,8 @@ fn train_step(
     let saved = loss.saved_bytes();
     let loss_value = loss.to_scalar_f32()?;
     if !loss_value.is_finite() {
-        return Err(Error::InvalidOption(format!(
-            "loss is {loss_value} at iteration {iter}: training diverged"
+        return Err(Error::Training(format!(
+            "loss is {loss_value} at iteration {iter}: training diverged; lower train.lr or resume from an earlier checkpoint"
         )));
     }
     let mut grads = loss.backward()?;
@@ -162,7 +191,7 @@ fn with_batches<R>(
         return body(&mut || {
             let iter = it
                 .next()
-                .ok_or_else(|| Error::InvalidOption("no batch left to train on".into()))?;
+                .ok_or_else(|| Error::Backend("no batch left to train on".into()))?;
             data.batch(iter, act)
         });
     }
@@ -183,18 +212,6 @@ fn with_batches<R>(
     })
 }
 
-/// Create `out` and prove it is writable before training starts.
-fn prepare_out(out: &Path) -> Result<File> {
-    std::fs::create_dir_all(out).map_err(|e| {
-        Error::Io(format!(
-            "cannot create output folder {}: {e}",
-            out.display()
-        ))
-    })?;
-    let path = out.join("metrics.jsonl");
-    File::create(&path).map_err(|e| Error::Io(format!("cannot write {}: {e}", path.display())))
-}
-
 /// Train as `opts` says.
 ///
 /// The run executes inside a rayon pool so that the ops' parallel loops are
@@ -207,55 +224,104 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
     pool.install(|| train_in_pool(opts))
 }
 
+/// The run `opts` asks for, the checkpoint it resumes from, and the first
+/// iteration to train.
+fn resolve_run(opts: &TrainOptions) -> Result<(RunRecord, Option<Checkpoint>, u64)> {
+    let flags = RunFlags {
+        config: opts.config.as_ref(),
+        iters: opts.iters,
+        switch_at: opts.switch_at,
+        seed: opts.seed,
+    };
+    let Some(path) = &opts.resume else {
+        let adamw = flags.config.map(adamw_config).unwrap_or_default();
+        return Ok((RunRecord::new(&flags, adamw, CLIP_NORM)?, None, 0));
+    };
+    let ckpt = read_checkpoint(path, u64::MAX)?;
+    let adamw = adamw_config(&ckpt.run.config);
+    let run = ckpt.run.resumed(ckpt.iteration, &flags, adamw, CLIP_NORM)?;
+    let start = ckpt.iteration;
+    Ok((run, Some(ckpt), start))
+}
+
+/// Warning lines for phases that cannot start within `0..iters`.
+fn late_phases(schedule: &Schedule, iters: u64) -> Vec<String> {
+    schedule
+        .phases()
+        .iter()
+        .filter(|p| p.start >= iters)
+        .map(|p| {
+            format!(
+                "warning: the {} phase starts at iteration {}, but the run ends after iteration {}: it will not run (raise --iters or move the switch)",
+                p.recipe,
+                p.start,
+                iters - 1
+            )
+        })
+        .collect()
+}
+
 fn train_in_pool(opts: &TrainOptions) -> Result<TrainSummary> {
     check_device(opts.device)?;
-    let cfg = &opts.config;
-    let iters = opts.iters.unwrap_or(cfg.train.iters);
-    let schedule = schedule_of(cfg, opts.switch_at)?;
+    let (run, ckpt, start) = resolve_run(opts)?;
+    let cfg = &run.config;
+    let iters = run.iters;
+    let schedule = run.schedule()?;
     let act = if cfg.train.activations == "bf16" {
         DType::BF16
     } else {
         DType::F32
     };
+    let out = RunDir::check(&opts.out, opts.resume.as_deref(), start, opts.overwrite)?;
+    memory::check_memory(cfg, opts.device)?;
 
     let mut model = Flux::new(&cfg.model);
     model.plan().check_not_empty("Flux")?;
     mxswitch_runtime::plan::check_schedule::<Flux>(&schedule)?;
-    allocate(&mut model, opts.seed)?;
+    allocate(&mut model, run.seed)?;
     if opts.device != Device::Cpu {
         params_to_device(&mut model, &opts.device)?;
     }
-    let mut opt = AdamW::new(AdamWConfig {
-        lr: cfg.train.lr,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        weight_decay: 0.1,
-    })?;
-    let start = match &opts.resume {
-        Some(path) => load_checkpoint(path, &mut model, &mut opt)?.iteration,
-        None => 0,
-    };
-    let metrics_file = prepare_out(&opts.out)?;
-    let mut metrics_out = BufWriter::new(metrics_file);
+    let mut opt = AdamW::new(run.adamw)?;
+    if let (Some(ckpt), Some(path)) = (ckpt, &opts.resume) {
+        ckpt.restore(path, &mut model, &mut opt)?;
+    }
+    let warnings = late_phases(&schedule, iters);
+    for w in &warnings {
+        eprintln!("{w}");
+    }
 
-    let data = SyntheticData::new(&cfg.model, &cfg.data, opts.seed);
+    let data = SyntheticData::new(&cfg.model, &cfg.data, run.seed);
     let device = opts.device;
     let report = warmup(&mut model, &mut opt, &schedule, start, |m, o| {
         train_step(m, o, data.batch(start, act)?, &device, start).map(|_| ())
     })?;
+    let mut summary = TrainSummary {
+        metrics: Vec::new(),
+        switches: Vec::new(),
+        warnings,
+        checkpoint: out.path(run_dir::CHECKPOINT),
+        plot: out.path(run_dir::PLOT),
+        metrics_file: out.path(run_dir::METRICS),
+        interrupted_at: None,
+    };
+    if interrupt::requested() {
+        // Nothing trained yet: nothing to write.
+        summary.interrupted_at = Some(start);
+        return Ok(summary);
+    }
     let bar = progress_bar(opts.progress, start, iters);
     say(&bar, &report.to_string());
 
-    let mut metrics = Vec::new();
-    let mut switches = Vec::new();
-    with_batches(&data, act, device, start..iters, |next_batch| {
+    let mut metrics_out = out.open_metrics()?;
+    let mut next = start;
+    let trained = with_batches(&data, act, device, start..iters, |next_batch| {
         for iter in start..iters {
             let sw: SwitchReport = model.apply_with(&schedule, iter)?;
             if sw.changed > 0 || iter == start {
                 let line = sw.to_string();
                 say(&bar, &line);
-                switches.push(line);
+                summary.switches.push(line);
             }
             let t0 = Instant::now();
             let (loss, per_element) =
@@ -264,43 +330,37 @@ fn train_in_pool(opts: &TrainOptions) -> Result<TrainSummary> {
             if iter == start {
                 mxswitch_runtime::profile::reset();
             }
-            let recipe = sw.recipe.to_string();
             let m = StepMetrics {
                 iter,
                 loss,
-                recipe,
+                recipe: sw.recipe.to_string(),
                 layers_converted: sw.layers_converted,
                 linears_converted: sw.linears_converted,
                 step_time_ms,
                 saved_bytes_per_element: per_element,
                 device_peak_bytes: opts.device.peak_memory_bytes(),
             };
-            let line = serde_json::to_string(&m)
-                .map_err(|e| Error::InvalidOption(format!("metrics: {e}")))?;
-            writeln!(metrics_out, "{line}")
-                .map_err(|e| Error::Io(format!("writing metrics.jsonl: {e}")))?;
+            metrics_out.write(&m)?;
             bar.set_message(format!("loss {loss:.4}  {}", m.recipe));
             bar.inc(1);
-            metrics.push(m);
+            summary.metrics.push(m);
+            next = iter + 1;
+            if interrupt::requested() && next < iters {
+                summary.interrupted_at = Some(next);
+                break;
+            }
         }
         Ok(())
-    })?;
-    metrics_out
-        .flush()
-        .map_err(|e| Error::Io(format!("writing metrics.jsonl: {e}")))?;
-    bar.finish();
-
-    let checkpoint = opts.out.join("checkpoint.safetensors");
-    save_checkpoint(&checkpoint, &mut model, &opt, iters, opts.seed)?;
-    let plot = opts.out.join("loss.png");
+    });
+    bar.abandon();
+    let all: Vec<StepMetrics> = out.earlier.iter().chain(&summary.metrics).cloned().collect();
     let switch_iters: Vec<u64> = schedule.phases().iter().skip(1).map(|p| p.start).collect();
-    plot::loss_curve(&plot, &metrics, &switch_iters)?;
-    Ok(TrainSummary {
-        metrics,
-        switches,
-        checkpoint,
-        plot,
-    })
+    // A failed step still leaves the plot of the steps before it.
+    let plotted = plot::loss_curve(&summary.plot, &all, &switch_iters);
+    trained?;
+    plotted?;
+    save_checkpoint(&summary.checkpoint, &mut model, &opt, next, &run)?;
+    Ok(summary)
 }
 
 /// Print a line above the progress bar, or plainly when the bar is hidden
