@@ -593,45 +593,142 @@ fn hadamard_codes_are_rotated_and_dequant_is_rotated_back() {
 }
 
 #[test]
-fn a_block_with_nan_or_inf_gets_scale_0xff_zero_codes_and_nan_dequant() {
+fn nan_or_inf_input_is_refused_alike_by_every_format() {
     let dir = TempDir::new().unwrap();
     let mut x: Vec<f32> = (0..128).map(|i| 0.5 + (i % 5) as f32).collect();
-    x[5] = f32::NAN; // row 0, block 0
-    x[64 + 40] = f32::INFINITY; // row 1, block 1
+    x[5] = f32::NAN;
+    x[64 + 40] = f32::NEG_INFINITY;
     let input = write_input(
         dir.path(),
         "in.safetensors",
-        &[("w", Tensor::f32(&[2, 64], &x))],
+        &[
+            ("ok", Tensor::f32(&[4], &[1.0, 2.0, 3.0, 4.0])),
+            ("w", Tensor::f32(&[2, 64], &x)),
+        ],
     );
+    let output = dir.path().join("out.safetensors");
+    for format in ["mxfp4", "mxfp8", "fp8-e4m3", "fp8-e5m2"] {
+        assert_fails_cleanly(
+            &quantize(&["--format", format], &input, &output),
+            "tensor `w` holds 2 non-finite value(s) (NaN or Inf) among 128",
+        );
+        assert!(!output.exists(), "{format}");
+    }
+    assert_eq!(
+        entries(dir.path()),
+        BTreeSet::from(["in.safetensors".to_string()])
+    );
+}
+
+/// Row 0 holds 3e38: finite, but EVEN rounds its amax up to 2^128, which
+/// gives the NaN scale (SPEC section 2); CEIL and RCEIL pick a scale whose
+/// largest code overflows f32 on dequantization. Only FLOOR represents it.
+fn near_f32_max_input(dir: &Path) -> PathBuf {
+    let mut x: Vec<f32> = (0..64).map(|i| (i % 7) as f32 - 3.0).collect();
+    x[9] = 3e38;
+    write_input(dir, "in.safetensors", &[("w", Tensor::f32(&[2, 32], &x))])
+}
+
+#[test]
+fn an_overflowed_scale_is_written_as_the_spec_says_with_a_warning() {
+    let dir = TempDir::new().unwrap();
+    let input = near_f32_max_input(dir.path());
     let output = dir.path().join("out.safetensors");
     let out = quantize(&["--format", "mxfp4"], &input, &output);
     assert_ok(&out);
-    let t = read_output(&output);
-    let (codes, scales) = (&t["w.codes"], &t["w.scales"]);
-    assert_eq!(codes.shape, [2, 32]);
-    assert_eq!(scales.data[0], 0xFF);
-    assert_eq!(scales.data[3], 0xFF);
-    assert!(scales.data[1] != 0xFF && scales.data[2] != 0xFF);
-    // 16 code bytes per block of 32 elements.
-    assert!(codes.data[0..16].iter().all(|&c| c == 0), "row 0 block 0");
-    assert!(codes.data[48..64].iter().all(|&c| c == 0), "row 1 block 1");
-    assert!(
-        codes.data[16..32].iter().any(|&c| c != 0) && codes.data[32..48].iter().any(|&c| c != 0)
+    assert_eq!(
+        stderr(&out),
+        "warning: tensor `w` under scale mode even: 1 of 2 block(s) got the NaN scale 0xFF \
+         because their scale overflowed, so they dequantize to NaN; \
+         --scale-mode floor avoids it\n"
     );
+    // The quantizer is unchanged: the SPEC's NaN scale, zero codes, NaN dequant.
+    let t = read_output(&output);
+    // Row 1 has amax 3: EVEN gives 2^(1 - 2).
+    assert_eq!(t["w.scales"].data, [0xFF, SCALE_ONE - 1]);
+    assert!(t["w.codes"].data[..16].iter().all(|&c| c == 0));
     let dequant = t["w.dequant"].values();
-    for (i, v) in dequant.iter().enumerate() {
-        let nan_block = i / 32 == 0 || i / 32 == 3;
-        assert_eq!(v.is_nan(), nan_block, "element {i}: {v}");
-    }
+    assert!(dequant[..32].iter().all(|v| v.is_nan()));
+    assert!(dequant[32..].iter().all(|v| v.is_finite()));
     assert_eq!(sqnr_column(&table_row(&out, "w")), "nan");
 
-    // FP8 tensorwise refuses a non-finite amax (SPEC section 3).
-    let fp8_out = dir.path().join("fp8.safetensors");
-    assert_fails_cleanly(
-        &quantize(&["--format", "fp8-e4m3"], &input, &fp8_out),
-        "non-finite amax",
+    let out = quantize(
+        &["--format", "mxfp4", "--scale-mode", "ceil"],
+        &input,
+        &output,
     );
-    assert!(!fp8_out.exists());
+    assert_ok(&out);
+    assert_eq!(
+        stderr(&out),
+        "warning: tensor `w` under scale mode ceil: 1 element(s) dequantize to Inf \
+         (code times scale overflows f32); --scale-mode floor avoids it\n"
+    );
+    let out = quantize(
+        &["--format", "mxfp4", "--scale-mode", "floor"],
+        &input,
+        &output,
+    );
+    assert_ok(&out);
+    assert_eq!(stderr(&out), "", "floor represents 3e38");
+    assert!(read_output(&output)["w.dequant"]
+        .values()
+        .iter()
+        .all(|v| v.is_finite()));
+}
+
+#[test]
+fn requantizing_keeps_only_the_metadata_of_this_output() {
+    let dir = TempDir::new().unwrap();
+    let x = noise(64, 3, 2.0);
+    let input = write_input(
+        dir.path(),
+        "in.safetensors",
+        &[("w", Tensor::f32(&[2, 32], &x))],
+    );
+    let mx = dir.path().join("mx.safetensors");
+    assert_ok(&quantize(
+        &["--format", "mxfp4", "--axis", "0", "--scale-mode", "floor"],
+        &input,
+        &mx,
+    ));
+    assert_eq!(output_metadata(&mx)["mxswitch.axis"], "0");
+    let fp8 = dir.path().join("fp8.safetensors");
+    assert_ok(&quantize(&["--format", "fp8-e4m3"], &mx, &fp8));
+    let meta = output_metadata(&fp8);
+    assert_eq!(
+        meta,
+        HashMap::from([
+            ("origin".to_string(), "quantize_cli test".to_string()),
+            ("mxswitch.format".to_string(), "fp8-e4m3".to_string()),
+        ])
+    );
+}
+
+#[test]
+fn tensor_names_with_control_characters_are_printed_escaped() {
+    let dir = TempDir::new().unwrap();
+    let name = "w\x1b[2J\x07";
+    let input = write_input(
+        dir.path(),
+        "in.safetensors",
+        &[(name, Tensor::f32(&[2], &[1.0, 2.0]))],
+    );
+    let output = dir.path().join("out.safetensors");
+    let out = quantize(&["--format", "mxfp8"], &input, &output);
+    assert_ok(&out);
+    assert!(!stdout(&out).contains('\x1b') && !stdout(&out).contains('\x07'));
+    assert_eq!(sqnr_column(&table_row(&out, "w\\x1b[2J\\x07")), "inf");
+    // The output keeps the name as it is.
+    assert!(read_output(&output).contains_key(&format!("{name}.codes")));
+
+    let bad = write_input(
+        dir.path(),
+        "nan.safetensors",
+        &[(name, Tensor::f32(&[2], &[f32::NAN, 2.0]))],
+    );
+    let out = quantize(&["--format", "mxfp8"], &bad, &output);
+    assert_fails_cleanly(&out, "tensor `w\\x1b[2J\\x07` holds 1 non-finite value(s)");
+    assert!(!stderr(&out).contains('\x1b'));
 }
 
 #[test]

@@ -13,27 +13,42 @@
 //! - `NAME.dequant` (F32, the input's shape), rotated back with `--hadamard`.
 //!
 //! Tensors of any other dtype are copied through unchanged and reported as
-//! skipped. Nothing is written unless every tensor quantized: the output goes
-//! to a temporary file in the output's folder, renamed into place at the end.
+//! skipped. The metadata keeps the input's own keys and describes this
+//! output only (old `mxswitch.*` keys are dropped).
+//!
+//! Input that is not finite (NaN or Inf) is refused for every format. A
+//! finite block whose scale overflows (EVEN near f32's largest value gives
+//! the NaN scale, SPEC section 2) or that dequantizes to Inf is written as
+//! the SPEC says, with a warning naming the scale modes that avoid it.
+//!
+//! Output safety (see `crate::files`): nothing is written unless every
+//! tensor quantized. The output goes to a temporary file in its folder,
+//! renamed into place at the end and removed on any failure, SIGINT or
+//! SIGTERM. An existing output must be a regular file, or a symlink to one
+//! (written through, the link kept); a folder, device, FIFO, socket or
+//! dangling symlink is refused, and so is the input file itself.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
-use std::fs;
+use std::collections::HashMap;
+use std::fmt;
 use std::io::{self, Write as _};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
-use mxswitch_runtime::formats::bf16;
-use mxswitch_runtime::quant::dispatch::{quantize, QuantFormat, QuantOptions, Quantized};
-use mxswitch_runtime::quant::ScaleMode;
-use safetensors::tensor::{Dtype, SafeTensorError, SafeTensors, View};
+use mxswitch::files::{self, FileError};
+use mxswitch::runtime::formats::bf16;
+use mxswitch::runtime::quant::dispatch::{quantize, QuantFormat, QuantOptions, Quantized};
+use mxswitch::runtime::quant::ScaleMode;
+use mxswitch::st_file::{self, printable, StTensor};
+use safetensors::tensor::Dtype;
 
 /// Arguments of `mxswitch quantize`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
 For every f32, bf16 or f16 tensor NAME the output holds NAME.codes (U8), NAME.scales \
 (U8 E8M0 bytes for MX formats, F32 [1] for FP8) and NAME.dequant (F32). Tensors of \
-other dtypes are copied unchanged.")]
+other dtypes are copied unchanged. NaN or Inf input is refused; blocks whose scale \
+overflows are reported as a warning.")]
 pub struct QuantizeArgs {
     /// Target format: MX block scaling (32 elements share an E8M0 scale) or
     /// FP8 with one tensorwise scale.
@@ -60,11 +75,14 @@ pub struct QuantizeArgs {
     #[arg(long)]
     pub hadamard: bool,
 
-    /// The safetensors file to quantize.
+    /// The safetensors file to quantize (a regular file).
     #[arg(long, value_name = "IN.safetensors")]
     pub input: PathBuf,
 
-    /// Where to write the quantized tensors (replaced only on success).
+    /// Where to write the quantized tensors, replaced only on success. An
+    /// existing path must be a regular file or a symlink to one (written
+    /// through, the link kept); folders, devices, FIFOs, sockets, dangling
+    /// symlinks and the input file itself are refused.
     #[arg(long, value_name = "OUT.safetensors")]
     pub output: PathBuf,
 }
@@ -81,14 +99,21 @@ fn scale_mode_parser() -> impl TypedValueParser<Value = ScaleMode> {
         .try_map(|s| s.parse::<ScaleMode>())
 }
 
-/// Why `mxswitch quantize` failed. Every message is one line.
+/// Why `mxswitch quantize` failed. Every message is one line; tensor names
+/// in it are [`printable`].
 #[derive(Debug, thiserror::Error)]
 pub enum QuantizeError {
     /// An option that the format does not take (checked by the runtime).
     #[error("{0}")]
-    Options(mxswitch_runtime::Error),
-    #[error("cannot read `{}`: {source}", path.display())]
-    Read { path: PathBuf, source: io::Error },
+    Options(mxswitch::runtime::Error),
+    /// The input could not be read or the output not written.
+    #[error("{0}")]
+    File(#[from] FileError),
+    #[error(
+        "--output `{}` is the input file `{}` itself; write to another path",
+        output.display(), input.display()
+    )]
+    SameFile { input: PathBuf, output: PathBuf },
     #[error("`{}` is not a valid safetensors file: {reason}", path.display())]
     NotSafetensors { path: PathBuf, reason: String },
     #[error("`{}` holds no f32, bf16 or f16 tensor to quantize (found {found})", path.display())]
@@ -103,22 +128,29 @@ pub enum QuantizeError {
         first: String,
         second: String,
     },
+    /// NaN or Inf in the input: no format can scale it (SPEC section 3).
+    #[error(
+        "tensor `{name}` holds {count} non-finite value(s) (NaN or Inf) among {total}; \
+         quantizing needs finite input: look for NaN or Inf upstream"
+    )]
+    NonFinite {
+        name: String,
+        count: usize,
+        total: usize,
+    },
     /// The runtime refused one tensor (axis out of range, tiles on a tensor
     /// that is not 2-D, ...).
     #[error("tensor `{name}`: {source}")]
     Tensor {
         name: String,
-        source: mxswitch_runtime::Error,
+        source: mxswitch::runtime::Error,
     },
-    /// The runtime refused one tensor with a message that already names it.
-    #[error("{0}")]
-    Runtime(mxswitch_runtime::Error),
-    #[error("cannot write `{}`: {source}", path.display())]
-    Write { path: PathBuf, source: io::Error },
 }
 
 /// Run `mxswitch quantize`.
 pub fn run(args: &QuantizeArgs) -> Result<(), QuantizeError> {
+    // From here on, a signal removes the temporary output and exits with 130.
+    files::interrupt::install();
     let opts = QuantOptions {
         scale_mode: args.scale_mode,
         axis: args.axis,
@@ -126,13 +158,19 @@ pub fn run(args: &QuantizeArgs) -> Result<(), QuantizeError> {
         hadamard: args.hadamard,
     };
     check_options(args.format, &opts)?;
+    if files::same_file(&args.input, &args.output) {
+        return Err(QuantizeError::SameFile {
+            input: args.input.clone(),
+            output: args.output.clone(),
+        });
+    }
+    // Refuse a bad output before the work, not after it.
+    files::output_target(&args.output)?;
 
-    let bytes = fs::read(&args.input).map_err(|source| QuantizeError::Read {
-        path: args.input.clone(),
-        source,
-    })?;
+    // Bounded by the file's real size: a device or FIFO is refused.
+    let bytes = files::read_regular(&args.input, u64::MAX)?;
     let (inputs, in_metadata) =
-        parse_safetensors(&bytes).map_err(|reason| QuantizeError::NotSafetensors {
+        st_file::parse(&bytes).map_err(|reason| QuantizeError::NotSafetensors {
             path: args.input.clone(),
             reason,
         })?;
@@ -143,27 +181,40 @@ pub fn run(args: &QuantizeArgs) -> Result<(), QuantizeError> {
         });
     }
     check_output_names(&inputs)?;
-
-    let mut outputs: BTreeMap<String, OutTensor> = BTreeMap::new();
-    let mut rows = Vec::with_capacity(inputs.len());
-    for t in &inputs {
-        let Some(x) = widen(t.dtype, t.data) else {
-            outputs.insert(
-                t.name.clone(),
-                OutTensor::new(t.dtype, t.shape.clone(), Cow::Borrowed(t.data)),
-            );
-            rows.push(Row::skipped(t));
-            continue;
-        };
-        let q = quantize_one(t, &x, args.format, &opts)?;
-        for (suffix, out) in SUFFIXES.into_iter().zip(q.outputs) {
-            outputs.insert(format!("{}.{suffix}", t.name), out);
-        }
-        rows.push(q.row);
-    }
-
     let metadata = output_metadata(in_metadata, args.format, &opts);
-    write_atomically(&args.output, &outputs, &Some(metadata))?;
+
+    // Quantize while the temporary file exists, so an interrupt at any
+    // point of the run removes it; a quantization error is kept aside.
+    let mut failure = None;
+    let mut done = None;
+    let written = files::write_atomically(&args.output, |file| {
+        match quantize_all(&inputs, args.format, &opts) {
+            Ok((outputs, report)) => {
+                let views: Vec<StTensor> = outputs
+                    .iter()
+                    .map(|(name, t)| StTensor {
+                        name: name.clone(),
+                        dtype: t.dtype,
+                        shape: t.shape.clone(),
+                        data: &t.data,
+                    })
+                    .collect();
+                st_file::write(file, &views, &metadata)?;
+                done = Some(report);
+                Ok(())
+            }
+            Err(e) => {
+                failure = Some(e);
+                Err(io::Error::other("quantization failed"))
+            }
+        }
+    });
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    written?;
+    // A successful write always stored its report.
+    let (rows, warnings) = done.unwrap_or_default();
 
     let quantized = rows.iter().filter(|r| r.result.is_some()).count();
     let summary = format!(
@@ -172,10 +223,44 @@ pub fn run(args: &QuantizeArgs) -> Result<(), QuantizeError> {
         describe_format(args.format, &opts),
         rows.len() - quantized
     );
-    // The file is written; a closed stdout (`| head`) is no reason to fail
-    // or, as `print!` would, to panic.
+    // The file is written; a closed stdout (`| head`) or stderr is no
+    // reason to fail or, as `print!` would, to panic.
     let _ = writeln!(io::stdout().lock(), "{}{summary}", render_table(&rows));
+    let mut err = io::stderr().lock();
+    for w in &warnings {
+        let _ = writeln!(err, "warning: {w}");
+    }
     Ok(())
+}
+
+/// The output tensors in name order, the table rows and the warnings.
+type Quantization<'a> = (Vec<(String, OutTensor<'a>)>, (Vec<Row>, Vec<ScaleTrouble>));
+
+/// Quantize every float tensor of `inputs` and copy the others.
+fn quantize_all<'a>(
+    inputs: &[StTensor<'a>],
+    format: QuantFormat,
+    opts: &QuantOptions,
+) -> Result<Quantization<'a>, QuantizeError> {
+    let mut outputs = Vec::with_capacity(inputs.len() * SUFFIXES.len());
+    let mut rows = Vec::with_capacity(inputs.len());
+    let mut warnings = Vec::new();
+    for t in inputs {
+        let Some(x) = widen(t.dtype, t.data) else {
+            let copy = OutTensor::new(t.dtype, t.shape.clone(), Cow::Borrowed(t.data));
+            outputs.push((t.name.clone(), copy));
+            rows.push(Row::skipped(t));
+            continue;
+        };
+        let q = quantize_one(t, &x, format, opts)?;
+        for (suffix, out) in SUFFIXES.into_iter().zip(q.outputs) {
+            outputs.push((format!("{}.{suffix}", t.name), out));
+        }
+        rows.push(q.row);
+        warnings.extend(q.trouble);
+    }
+    outputs.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok((outputs, (rows, warnings)))
 }
 
 /// Reject an option the format does not take before any file is read. The
@@ -189,95 +274,6 @@ fn check_options(format: QuantFormat, opts: &QuantOptions) -> Result<(), Quantiz
     quantize(&[], &[0], format, opts, "")
         .map(drop)
         .map_err(QuantizeError::Options)
-}
-
-/// One tensor of the input file.
-struct InTensor<'a> {
-    name: String,
-    dtype: Dtype,
-    shape: Vec<usize>,
-    /// Little-endian element bytes, as stored.
-    data: &'a [u8],
-}
-
-/// The tensors of a safetensors file sorted by name, and its `__metadata__`.
-/// The error is the reason the bytes are not a usable safetensors file.
-fn parse_safetensors(bytes: &[u8]) -> Result<(Vec<InTensor<'_>>, HashMap<String, String>), String> {
-    let explain = |e| explain_safetensors_error(e, bytes);
-    let (_, header) = SafeTensors::read_metadata(bytes).map_err(explain)?;
-    let file = SafeTensors::deserialize(bytes).map_err(explain)?;
-    let mut tensors: Vec<InTensor> = file
-        .tensors()
-        .into_iter()
-        .map(|(name, view)| InTensor {
-            name,
-            dtype: view.dtype(),
-            // The trait's `shape` borrows the view only briefly.
-            shape: View::shape(&view).to_vec(),
-            data: view.data(),
-        })
-        .collect();
-    tensors.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok((tensors, header.metadata().clone().unwrap_or_default()))
-}
-
-/// Why a header size does not fit (the first 8 bytes of any other file give
-/// some huge number).
-const BAD_HEADER_SIZE: &str =
-    "the header size in its first 8 bytes does not fit the file (truncated, or not safetensors)";
-/// Why the data section does not match the header.
-const BAD_DATA_SIZE: &str =
-    "its data section does not match the sizes in its header (truncated, or trailing bytes)";
-
-/// Say in words why safetensors rejected `bytes` (its own `Display` is `Debug`).
-fn explain_safetensors_error(err: SafeTensorError, bytes: &[u8]) -> String {
-    match err {
-        SafeTensorError::HeaderTooSmall => format!(
-            "it is {} bytes long, too short for the 8-byte header size",
-            bytes.len()
-        ),
-        SafeTensorError::HeaderTooLarge | SafeTensorError::InvalidHeaderLength => {
-            BAD_HEADER_SIZE.into()
-        }
-        SafeTensorError::InvalidHeader | SafeTensorError::InvalidHeaderStart => {
-            "its header is not UTF-8 JSON".into()
-        }
-        SafeTensorError::InvalidHeaderDeserialization | SafeTensorError::JsonError(_) => {
-            explain_bad_header(bytes)
-        }
-        SafeTensorError::MetadataIncompleteBuffer => BAD_DATA_SIZE.into(),
-        SafeTensorError::InvalidOffset(name) => {
-            format!("the data offsets of tensor `{name}` are invalid")
-        }
-        SafeTensorError::TensorInvalidInfo | SafeTensorError::ValidationOverflow => {
-            "a tensor's dtype, shape and data offsets do not agree".into()
-        }
-        other => format!("{other:?}"),
-    }
-}
-
-/// The header did not deserialize: say whether it is not JSON at all or uses
-/// a dtype this reader does not know (newer writers add dtypes).
-fn explain_bad_header(bytes: &[u8]) -> String {
-    let header = bytes
-        .get(..8)
-        .and_then(|n| <[u8; 8]>::try_from(n).ok())
-        .and_then(|n| usize::try_from(u64::from_le_bytes(n)).ok())
-        .and_then(|n| bytes.get(8..8usize.checked_add(n)?));
-    let Some(Ok(serde_json::Value::Object(entries))) =
-        header.map(serde_json::from_slice::<serde_json::Value>)
-    else {
-        return "its header is not JSON".into();
-    };
-    let unknown = entries.iter().find_map(|(name, entry)| {
-        let dtype = entry.get("dtype")?;
-        serde_json::from_value::<Dtype>(dtype.clone())
-            .is_err()
-            .then(|| {
-                format!("tensor `{name}` has dtype {dtype}, which this reader does not support")
-            })
-    });
-    unknown.unwrap_or_else(|| "its header is JSON but not a safetensors header".into())
 }
 
 /// The dtypes this command quantizes.
@@ -308,7 +304,7 @@ fn widen(dtype: Dtype, data: &[u8]) -> Option<Vec<f32>> {
 
 /// "2 tensor(s): ids (I64), mask (BOOL)" for the no-float-tensor error,
 /// naming at most the first few.
-fn describe_contents(inputs: &[InTensor]) -> String {
+fn describe_contents(inputs: &[StTensor]) -> String {
     const SHOWN: usize = 5;
     if inputs.is_empty() {
         return "no tensors at all".into();
@@ -316,7 +312,7 @@ fn describe_contents(inputs: &[InTensor]) -> String {
     let mut list: Vec<String> = inputs
         .iter()
         .take(SHOWN)
-        .map(|t| format!("{} ({:?})", t.name, t.dtype))
+        .map(|t| format!("{} ({:?})", printable(&t.name), t.dtype))
         .collect();
     if inputs.len() > SHOWN {
         list.push(format!("and {} more", inputs.len() - SHOWN));
@@ -329,7 +325,7 @@ const SUFFIXES: [&str; 3] = ["codes", "scales", "dequant"];
 
 /// Fail before quantizing if two outputs would share a name, e.g. an input
 /// tensor `w.codes` beside a float tensor `w`.
-fn check_output_names(inputs: &[InTensor]) -> Result<(), QuantizeError> {
+fn check_output_names(inputs: &[StTensor]) -> Result<(), QuantizeError> {
     let mut seen: HashMap<String, &str> = HashMap::new();
     for t in inputs {
         let names: Vec<String> = if is_float(t.dtype) {
@@ -340,9 +336,9 @@ fn check_output_names(inputs: &[InTensor]) -> Result<(), QuantizeError> {
         for name in names {
             if let Some(first) = seen.insert(name.clone(), &t.name) {
                 return Err(QuantizeError::NameClash {
-                    name,
-                    first: first.to_string(),
-                    second: t.name.clone(),
+                    name: printable(&name),
+                    first: printable(first),
+                    second: printable(&t.name),
                 });
             }
         }
@@ -372,44 +368,38 @@ impl<'a> OutTensor<'a> {
     }
 }
 
-impl View for &OutTensor<'_> {
-    fn dtype(&self) -> Dtype {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(&self.data)
-    }
-    fn data_len(&self) -> usize {
-        self.data.len()
-    }
-}
-
 /// What quantizing one tensor produced.
 struct QuantizedTensor {
     /// Codes, scales and the dequantized tensor, in [`SUFFIXES`] order.
     outputs: [OutTensor<'static>; 3],
     row: Row,
+    /// Set when finite input got the NaN scale or dequantized to Inf.
+    trouble: Option<ScaleTrouble>,
 }
 
 /// Quantize one float tensor whose values, widened to f32, are `x`.
 fn quantize_one(
-    t: &InTensor,
+    t: &StTensor,
     x: &[f32],
     format: QuantFormat,
     opts: &QuantOptions,
 ) -> Result<QuantizedTensor, QuantizeError> {
-    let q = quantize(x, &t.shape, format, opts, &t.name).map_err(|source| match source {
-        e @ mxswitch_runtime::Error::NonFiniteAmax { .. } => QuantizeError::Runtime(e),
-        source => QuantizeError::Tensor {
-            name: t.name.clone(),
-            source,
-        },
+    let name = printable(&t.name);
+    let non_finite = x.iter().filter(|v| !v.is_finite()).count();
+    if non_finite > 0 {
+        return Err(QuantizeError::NonFinite {
+            name,
+            count: non_finite,
+            total: x.len(),
+        });
+    }
+    let q = quantize(x, &t.shape, format, opts, &name).map_err(|source| QuantizeError::Tensor {
+        name: name.clone(),
+        source,
     })?;
     let dequant = q.dequantize();
     let saturated = q.saturated(x);
+    let trouble = ScaleTrouble::find(&name, x, &t.shape, format, opts, &q, &dequant);
     let (codes, scales) = match q {
         Quantized::Mx(m) => (
             OutTensor::u8(m.codes_shape(), m.codes_in_input_layout()),
@@ -423,7 +413,7 @@ fn quantize_one(
     let result = Metrics::new(x, &dequant, saturated);
     let dequant = OutTensor::f32(t.shape.clone(), &dequant);
     let row = Row {
-        name: t.name.clone(),
+        name,
         shape: t.shape.clone(),
         format: format.name().to_string(),
         result: Some(result),
@@ -431,7 +421,96 @@ fn quantize_one(
     Ok(QuantizedTensor {
         outputs: [codes, scales, dequant],
         row,
+        trouble,
     })
+}
+
+/// Finite input that the chosen scale mode could not represent: blocks
+/// given the NaN scale because their scale overflowed, and elements whose
+/// dequantized value overflowed to Inf.
+#[derive(Debug)]
+struct ScaleTrouble {
+    name: String,
+    mode: ScaleMode,
+    nan_blocks: usize,
+    blocks: usize,
+    inf_elements: usize,
+    /// The other scale modes under which the tensor dequantizes finite.
+    avoided_by: Vec<ScaleMode>,
+}
+
+impl ScaleTrouble {
+    /// Check a quantized finite tensor `x`; the other scale modes are tried
+    /// only when there is trouble.
+    fn find(
+        name: &str,
+        x: &[f32],
+        shape: &[usize],
+        format: QuantFormat,
+        opts: &QuantOptions,
+        q: &Quantized,
+        dequant: &[f32],
+    ) -> Option<ScaleTrouble> {
+        let (nan_blocks, blocks) = q.nan_scales();
+        let inf_elements = dequant.iter().filter(|v| v.is_infinite()).count();
+        if nan_blocks == 0 && inf_elements == 0 {
+            return None;
+        }
+        // Only MX formats have scale modes, and only they can get here.
+        let mode = opts
+            .scale_mode
+            .or(format.default_config().map(|c| c.scale_mode))?;
+        let avoided_by = ScaleMode::ALL
+            .into_iter()
+            .filter(|&m| m != mode)
+            .filter(|&m| {
+                let other = QuantOptions {
+                    scale_mode: Some(m),
+                    ..*opts
+                };
+                quantize(x, shape, format, &other, name).is_ok_and(|q| {
+                    q.nan_scales().0 == 0 && q.dequantize().iter().all(|v| v.is_finite())
+                })
+            })
+            .collect();
+        Some(ScaleTrouble {
+            name: name.to_string(),
+            mode,
+            nan_blocks,
+            blocks,
+            inf_elements,
+            avoided_by,
+        })
+    }
+}
+
+impl fmt::Display for ScaleTrouble {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "tensor `{}` under scale mode {}: ", self.name, self.mode)?;
+        let mut parts = Vec::new();
+        if self.nan_blocks > 0 {
+            parts.push(format!(
+                "{} of {} block(s) got the NaN scale 0xFF because their scale overflowed, \
+                 so they dequantize to NaN",
+                self.nan_blocks, self.blocks
+            ));
+        }
+        if self.inf_elements > 0 {
+            parts.push(format!(
+                "{} element(s) dequantize to Inf (code times scale overflows f32)",
+                self.inf_elements
+            ));
+        }
+        write!(f, "{}; ", parts.join(" and "))?;
+        let names: Vec<&str> = self.avoided_by.iter().map(|m| m.name()).collect();
+        match names.split_last() {
+            None => write!(f, "no other scale mode avoids it"),
+            Some((last, [])) => write!(f, "--scale-mode {last} avoids it"),
+            Some((last, rest)) => {
+                write!(f, "--scale-mode {} or {last} avoid it", rest.join(", "))
+            }
+        }
+    }
 }
 
 /// How well one tensor survived quantization.
@@ -484,9 +563,9 @@ struct Row {
 }
 
 impl Row {
-    fn skipped(t: &InTensor) -> Self {
+    fn skipped(t: &StTensor) -> Self {
         Row {
-            name: t.name.clone(),
+            name: printable(&t.name),
             shape: t.shape.clone(),
             format: format!("skipped ({:?})", t.dtype),
             result: None,
@@ -617,13 +696,15 @@ fn describe_format(format: QuantFormat, opts: &QuantOptions) -> String {
     format!("{format} ({})", parts.join(", "))
 }
 
-/// The input's `__metadata__` plus how the output was made, so a reader
-/// can tell what the codes mean.
+/// The input's own `__metadata__` plus how this output was made, so a
+/// reader can tell what the codes mean. Every `mxswitch.*` key of the input
+/// is dropped: it described an earlier quantization, not this one.
 fn output_metadata(
     mut metadata: HashMap<String, String>,
     format: QuantFormat,
     opts: &QuantOptions,
 ) -> HashMap<String, String> {
+    metadata.retain(|key, _| !key.starts_with("mxswitch."));
     metadata.insert("mxswitch.format".into(), format.name().into());
     if let Some(cfg) = format.default_config() {
         let mode = opts.scale_mode.unwrap_or(cfg.scale_mode);
@@ -633,52 +714,4 @@ fn output_metadata(
         metadata.insert("mxswitch.hadamard".into(), opts.hadamard.to_string());
     }
     metadata
-}
-
-/// Write `tensors` to a temporary file in `path`'s folder and rename it to
-/// `path`: a failure at any point leaves no partial file and any existing
-/// `path` untouched.
-fn write_atomically(
-    path: &Path,
-    tensors: &BTreeMap<String, OutTensor>,
-    metadata: &Option<HashMap<String, String>>,
-) -> Result<(), QuantizeError> {
-    let write_error = |source| QuantizeError::Write {
-        path: path.to_path_buf(),
-        source,
-    };
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let mut builder = tempfile::Builder::new();
-    builder.prefix(".mxswitch-quantize-").suffix(".tmp");
-    // A temporary file is private (0600) by default; ask for 0666 so that,
-    // after the umask, the output gets the permissions of any new file.
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        builder.permissions(fs::Permissions::from_mode(0o666));
-    }
-    if !dir.is_dir() {
-        let msg = format!("folder `{}` does not exist", dir.display());
-        return Err(write_error(io::Error::new(io::ErrorKind::NotFound, msg)));
-    }
-    // Dropping `tmp` before `persist` deletes the file. tempfile adds the
-    // random temporary name to its errors; the user only knows `path`.
-    let tmp = builder
-        .tempfile_in(dir)
-        .map_err(|e| write_error(e.raw_os_error().map_or(e, io::Error::from_raw_os_error)))?;
-    safetensors::serialize_to_file(
-        tensors.iter().map(|(n, t)| (n.as_str(), t)),
-        metadata,
-        tmp.path(),
-    )
-    .map_err(|e| match e {
-        SafeTensorError::IoError(e) => write_error(e),
-        other => write_error(io::Error::other(format!("{other:?}"))),
-    })?;
-    tmp.as_file().sync_all().map_err(write_error)?;
-    tmp.persist(path).map_err(|e| write_error(e.error))?;
-    Ok(())
 }

@@ -141,6 +141,16 @@ impl Quantized {
         }
     }
 
+    /// Number of blocks given the NaN scale (see
+    /// [`MxTensor::count_nan_scales`]) out of all blocks; FP8 has one
+    /// scale, finite for any finite input, so it reports `(0, 1)`.
+    pub fn nan_scales(&self) -> (usize, usize) {
+        match self {
+            Quantized::Mx(q) => (q.count_nan_scales(), q.scales.len()),
+            Quantized::Fp8(_) => (0, 1),
+        }
+    }
+
     /// Number of elements that were clipped: their scaled magnitude exceeded
     /// the format's largest finite value. `x` is the input that was quantized.
     pub fn saturated(&self, x: &[f32]) -> usize {

@@ -460,8 +460,37 @@ impl MxTensor {
             .sum()
     }
 
+    /// Number of blocks given the NaN scale 0xFF, which dequantize to NaN:
+    /// blocks holding NaN or Inf, and blocks whose scale overflowed (EVEN
+    /// with an amax near f32's largest value, SPEC section 2). A tile's
+    /// scale counts once per 1x32 block it covers.
+    pub fn count_nan_scales(&self) -> usize {
+        self.scales.iter().filter(|&&b| b == e8m0::NAN).count()
+    }
+
     /// Bytes held: codes plus scales.
     pub fn nbytes(&self) -> usize {
         self.codes.len() + self.scales.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nan_scales_count_non_finite_blocks_and_even_overflow() {
+        let mut x = vec![1.0f32; 4 * BLOCK];
+        x[3] = f32::NAN;
+        // Finite, but EVEN rounds its amax up to 2^128: the NaN scale.
+        x[BLOCK + 7] = 3e38;
+        let q = quantize_mx(&x, &[4 * BLOCK], -1, &MxConfig::mxfp4()).unwrap();
+        assert_eq!(q.count_nan_scales(), 2);
+        let floor = MxConfig {
+            scale_mode: ScaleMode::Floor,
+            ..MxConfig::mxfp4()
+        };
+        let q = quantize_mx(&x, &[4 * BLOCK], -1, &floor).unwrap();
+        assert_eq!(q.count_nan_scales(), 1);
     }
 }
