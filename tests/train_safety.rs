@@ -245,6 +245,14 @@ fn a_damaged_checkpoint_is_named() {
         &|t, _| t.push(("param.\u{1b}[31mred".into(), vec![1], vec![0; 4])),
         &["\\x1b"],
     );
+    check(
+        &|_, m| {
+            let mut run: serde_json::Value = serde_json::from_str(&m["run"]).unwrap();
+            run["config"]["model"]["mlp_ratio"] = 0.0.into();
+            m.insert("run".into(), run.to_string());
+        },
+        &["metadata `run`", "mlp_ratio"],
+    );
     // Not a checkpoint at all, and a reader that must not grow without bound.
     fails_with(
         &["train", "--iters", "4", "--resume", "/dev/zero", "--out", s(&dir.path().join("z"))],
@@ -363,6 +371,27 @@ fn iteration_flags_are_checked() {
     let err = text(&run.stderr);
     assert!(
         err.contains("warning: the fp8 phase starts at iteration 5") && err.contains("will not run"),
+        "{err}"
+    );
+}
+
+/// Issue item 8: a run that does not fit in memory is refused before
+/// anything is allocated, with the estimate and what is available.
+#[test]
+fn a_run_too_big_for_memory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = bin()
+        .args(["train", "--config", "flux-schnell", "--out", s(&dir.path().join("R"))])
+        .env("MXSWITCH_MEMORY_LIMIT", (24u64 << 30).to_string())
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("training flux-schnell needs about")
+            && err.contains("AdamW")
+            && err.contains("24.0 GiB is available"),
         "{err}"
     );
 }

@@ -110,8 +110,14 @@ pub fn parse_checkpoint(bytes: &[u8]) -> std::result::Result<Checkpoint, String>
         v.parse()
             .map_err(|_| format!("metadata `iteration` is {:?}, not a whole number", printable(v)))?
     };
-    let run: RunRecord = serde_json::from_str(entry("run")?)
+    let mut run: RunRecord = serde_json::from_str(entry("run")?)
         .map_err(|e| format!("metadata `run` is not a valid run record: {e}"))?;
+    // The recorded config passes the checks a config file passes.
+    run.config.origin = "the checkpoint's run config".into();
+    run.config
+        .validate()
+        .and_then(|()| run.schedule().map(drop))
+        .map_err(|e| format!("metadata `run`: {e}"))?;
     let steps_json: serde_json::Map<String, serde_json::Value> =
         serde_json::from_str(entry("adamw.steps")?)
             .map_err(|e| format!("metadata `adamw.steps` is not a JSON object of step counts: {e}"))?;
