@@ -155,8 +155,10 @@ const INTERESTING_STRINGS: &[&str] = &[
 
 /// A seeded mutator in the manner of libFuzzer's: byte-level mutations for
 /// any input, token-level ones (numbers, strings) so text formats get past
-/// their parser, and for safetensors files mutations of the 8-byte header
-/// length and of the JSON header with the length kept consistent.
+/// their parser, and for safetensors files both layout mutations (the 8-byte
+/// header length, the JSON header with the length kept consistent, the data
+/// section) and content mutations written back as a valid file, which reach
+/// the checkpoint's own checks.
 struct Mutator {
     rng: SplitMix64,
 }

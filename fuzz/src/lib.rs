@@ -86,8 +86,10 @@ pub fn config_loader(data: &[u8]) -> Stage {
     Stage::Used
 }
 
-/// The checkpoint loader: parse, check the recorded run as `--resume` does,
-/// and restore into an allocated micro model with a fresh optimizer.
+/// The checkpoint loader: parse, check the recorded run as `--resume` does
+/// (a run it accepts must have a valid config, since the model is built
+/// from it), and restore into an allocated micro model with a fresh
+/// optimizer.
 pub struct CheckpointTarget {
     model: Flux,
 }
@@ -104,14 +106,19 @@ impl CheckpointTarget {
         let Ok(ckpt) = parse_checkpoint(data) else {
             return Stage::Rejected;
         };
-        let _ = ckpt.run.schedule();
+        // What `--resume --iters <one more>` checks before it builds the
+        // model from the recorded config: by then the config must be valid.
         let run = &ckpt.run;
-        let _ = run.resumed(
-            ckpt.iteration,
-            &RunFlags::default(),
-            run.adamw,
-            run.clip_norm,
-        );
+        let flags = RunFlags {
+            iters: Some(ckpt.iteration.saturating_add(1)),
+            ..RunFlags::default()
+        };
+        if let Ok(resumed) = run.resumed(ckpt.iteration, &flags, run.adamw, run.clip_norm) {
+            if let Err(e) = resumed.config.validate() {
+                panic!("a checkpoint that resumes records an invalid config: {e}");
+            }
+        }
+        let _ = run.schedule();
         let mut opt = AdamW::new(AdamWConfig::default()).expect("default AdamW settings");
         match ckpt.restore(Path::new("fuzz.safetensors"), &mut self.model, &mut opt) {
             Ok(()) => Stage::Used,
