@@ -214,12 +214,15 @@ impl TempFile {
     fn create(dir: &Path, target_name: &str) -> io::Result<(TempFile, File)> {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let pid = std::process::id();
+        // Part of the target's name tells whose temporary this is; all of
+        // it could push a long name past the file system's limit.
+        let short: String = target_name.chars().take(48).collect();
         for _ in 0..64 {
             let nanos = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.subsec_nanos());
             let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-            let name = format!(".mxswitch-{target_name}-{pid}-{n}-{nanos:08x}.tmp");
+            let name = format!(".mxswitch-{short}-{pid}-{n}-{nanos:08x}.tmp");
             let path = dir.join(name);
             // Create and register under the registry lock, so a signal
             // handler sees either no file or a registered one.
@@ -555,6 +558,14 @@ mod tests {
         let err = write_str(d.path(), "x").unwrap_err().to_string();
         assert!(err.contains("it exists and is a folder"), "{err}");
         assert!(err.starts_with("cannot write `"), "{err}");
+    }
+
+    #[test]
+    fn a_name_at_the_length_limit_still_gets_a_temporary_file() {
+        let d = dir();
+        let p = d.path().join("n".repeat(255));
+        write_str(&p, "x").unwrap();
+        assert_eq!(fs::read_to_string(&p).unwrap(), "x");
     }
 
     #[test]
