@@ -111,8 +111,17 @@ fn a_short_resume_is_refused_and_changes_nothing() {
     for iters in ["3", "6"] {
         fails_with(
             &[
-                "train", "--config", "flux-tiny", "--iters", iters, "--switch-at", "3",
-                "--resume", s(&ckpt), "--out", s(&r),
+                "train",
+                "--config",
+                "flux-tiny",
+                "--iters",
+                iters,
+                "--switch-at",
+                "3",
+                "--resume",
+                s(&ckpt),
+                "--out",
+                s(&r),
             ],
             &[&format!("--iters {iters}"), "iteration 6"],
         );
@@ -133,13 +142,33 @@ fn resume_follows_the_checkpoint() {
     train(&r, 5, 3);
     let ckpt = r.join("checkpoint.safetensors");
     // No --switch-at and no --config: still fp8 after the recorded switch at 3.
-    ok(&["train", "--iters", "7", "--resume", s(&ckpt), "--out", s(&r)]);
+    ok(&[
+        "train",
+        "--iters",
+        "7",
+        "--resume",
+        s(&ckpt),
+        "--out",
+        s(&r),
+    ]);
     let all = rows(&r);
-    assert_eq!(iters_of(&all), (0..7).collect::<Vec<_>>(), "earlier rows kept");
+    assert_eq!(
+        iters_of(&all),
+        (0..7).collect::<Vec<_>>(),
+        "earlier rows kept"
+    );
     assert!(all[3..].iter().all(|m| m["recipe"] == "fp8"), "{all:?}");
 
     let resume = |extra: &[&str]| {
-        let mut a = vec!["train", "--iters", "9", "--resume", s(&ckpt), "--out", s(&r)];
+        let mut a = vec![
+            "train",
+            "--iters",
+            "9",
+            "--resume",
+            s(&ckpt),
+            "--out",
+            s(&r),
+        ];
         a.extend_from_slice(extra);
         a.iter().map(|x| x.to_string()).collect::<Vec<_>>()
     };
@@ -158,17 +187,16 @@ fn resume_follows_the_checkpoint() {
     fails_with(&args, &["model.depth to 1", "model.depth = 2"]);
 }
 
+/// A checkpoint's tensors as (name, shape, bytes).
+type Tensors = Vec<(String, Vec<usize>, Vec<u8>)>;
+
 /// Rewrite a checkpoint with `edit` applied to its tensors and metadata.
-fn rewrite(
-    src: &Path,
-    dst: &Path,
-    edit: impl FnOnce(&mut Vec<(String, Vec<usize>, Vec<u8>)>, &mut HashMap<String, String>),
-) {
+fn rewrite(src: &Path, dst: &Path, edit: impl FnOnce(&mut Tensors, &mut HashMap<String, String>)) {
     let bytes = std::fs::read(src).unwrap();
     let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
     let mut meta = meta.metadata().clone().unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = st
+    let mut tensors: Tensors = st
         .tensors()
         .into_iter()
         .map(|(n, v)| (n, v.shape().to_vec(), v.data().to_vec()))
@@ -193,13 +221,20 @@ fn a_damaged_checkpoint_is_named() {
     train(&r, 2, 1);
     let ckpt = r.join("checkpoint.safetensors");
     let bad = dir.path().join("bad.safetensors");
-    let check = |edit: &dyn Fn(&mut Vec<(String, Vec<usize>, Vec<u8>)>, &mut HashMap<String, String>),
-                 needles: &[&str]| {
+    let check = |edit: &dyn Fn(&mut Tensors, &mut HashMap<String, String>), needles: &[&str]| {
         rewrite(&ckpt, &bad, edit);
         let out = dir.path().join("out");
         let _ = std::fs::remove_dir_all(&out);
         fails_with(
-            &["train", "--iters", "4", "--resume", s(&bad), "--out", s(&out)],
+            &[
+                "train",
+                "--iters",
+                "4",
+                "--resume",
+                s(&bad),
+                "--out",
+                s(&out),
+            ],
             needles,
         );
     };
@@ -231,7 +266,10 @@ fn a_damaged_checkpoint_is_named() {
                 serde_json::from_str(&m["adamw.steps"]).unwrap();
             let mut steps = steps;
             steps.remove("img_in.weight");
-            m.insert("adamw.steps".into(), serde_json::Value::Object(steps).to_string());
+            m.insert(
+                "adamw.steps".into(),
+                serde_json::Value::Object(steps).to_string(),
+            );
         },
         &["adamw.m.img_in.weight", "no step count"],
     );
@@ -255,7 +293,15 @@ fn a_damaged_checkpoint_is_named() {
     );
     // Not a checkpoint at all, and a reader that must not grow without bound.
     fails_with(
-        &["train", "--iters", "4", "--resume", "/dev/zero", "--out", s(&dir.path().join("z"))],
+        &[
+            "train",
+            "--iters",
+            "4",
+            "--resume",
+            "/dev/zero",
+            "--out",
+            s(&dir.path().join("z")),
+        ],
         &["/dev/zero", "not a regular file"],
     );
 }
@@ -269,16 +315,38 @@ fn a_previous_run_is_not_overwritten() {
     train(&r, 3, 1);
     let before = std::fs::read(r.join("checkpoint.safetensors")).unwrap();
     fails_with(
-        &["train", "--config", "flux-tiny", "--iters", "2", "--out", s(&r)],
+        &[
+            "train",
+            "--config",
+            "flux-tiny",
+            "--iters",
+            "2",
+            "--out",
+            s(&r),
+        ],
         &["holds a previous run", "--overwrite", "--resume"],
     );
-    assert_eq!(std::fs::read(r.join("checkpoint.safetensors")).unwrap(), before);
+    assert_eq!(
+        std::fs::read(r.join("checkpoint.safetensors")).unwrap(),
+        before
+    );
     ok(&[
-        "train", "--config", "flux-tiny", "--iters", "2", "--switch-at", "1", "--out", s(&r),
+        "train",
+        "--config",
+        "flux-tiny",
+        "--iters",
+        "2",
+        "--switch-at",
+        "1",
+        "--out",
+        s(&r),
         "--overwrite",
     ]);
     assert_eq!(iters_of(&rows(&r)), [0, 1]);
-    assert_ne!(std::fs::read(r.join("checkpoint.safetensors")).unwrap(), before);
+    assert_ne!(
+        std::fs::read(r.join("checkpoint.safetensors")).unwrap(),
+        before
+    );
 }
 
 /// Issue items 3 and wording: a checkpoint save that fails (the file size
@@ -299,7 +367,10 @@ fn a_failed_save_leaves_no_temp_file() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("checkpoint.safetensors"), "{err}");
-    assert!(!err.contains("Os {") && !err.contains("kind:"), "debug dump: {err}");
+    assert!(
+        !err.contains("Os {") && !err.contains("kind:"),
+        "debug dump: {err}"
+    );
     assert!(leftovers(&r).is_empty(), "{:?}", leftovers(&r));
     assert!(!r.join("checkpoint.safetensors").exists());
 }
@@ -313,15 +384,21 @@ fn ctrl_c_stops_cleanly_and_resumes() {
         let dir = tempfile::tempdir().unwrap();
         let r = dir.path().join("R");
         let child = bin()
-            .args(["train", "--config", "flux-tiny", "--iters", "100000", "--out", s(&r)])
+            .args([
+                "train",
+                "--config",
+                "flux-tiny",
+                "--iters",
+                "100000",
+                "--out",
+                s(&r),
+            ])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         let t0 = Instant::now();
-        while std::fs::read_to_string(r.join("metrics.jsonl"))
-            .map_or(0, |t| t.lines().count())
-            < 2
+        while std::fs::read_to_string(r.join("metrics.jsonl")).map_or(0, |t| t.lines().count()) < 2
         {
             assert!(t0.elapsed() < Duration::from_secs(120), "no steps ran");
             std::thread::sleep(Duration::from_millis(50));
@@ -333,18 +410,37 @@ fn ctrl_c_stops_cleanly_and_resumes() {
         assert!(killed.success());
         let out = child.wait_with_output().unwrap();
         let stdout = text(&out.stdout);
-        assert_eq!(out.status.code(), Some(130), "{stdout}{}", text(&out.stderr));
-        assert!(stdout.contains("resume with: mxswitch train --resume"), "{stdout}");
+        assert_eq!(
+            out.status.code(),
+            Some(130),
+            "{stdout}{}",
+            text(&out.stderr)
+        );
+        assert!(
+            stdout.contains("resume with: mxswitch train --resume"),
+            "{stdout}"
+        );
         let done = iters_of(&rows(&r));
         let n = done.len() as u64;
         assert_eq!(done, (0..n).collect::<Vec<_>>());
         let bytes = std::fs::read(r.join("checkpoint.safetensors")).unwrap();
         let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
-        assert_eq!(meta.metadata().as_ref().unwrap()["iteration"], n.to_string());
+        assert_eq!(
+            meta.metadata().as_ref().unwrap()["iteration"],
+            n.to_string()
+        );
         assert!(leftovers(&r).is_empty());
         let ckpt = r.join("checkpoint.safetensors");
         let more = (n + 2).to_string();
-        ok(&["train", "--iters", &more, "--resume", s(&ckpt), "--out", s(&r)]);
+        ok(&[
+            "train",
+            "--iters",
+            &more,
+            "--resume",
+            s(&ckpt),
+            "--out",
+            s(&r),
+        ]);
         assert_eq!(iters_of(&rows(&r)), (0..n + 2).collect::<Vec<_>>());
     }
 }
@@ -356,21 +452,46 @@ fn iteration_flags_are_checked() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("R");
     fails_with(
-        &["train", "--config", "flux-tiny", "--iters", "0", "--out", s(&out)],
+        &[
+            "train",
+            "--config",
+            "flux-tiny",
+            "--iters",
+            "0",
+            "--out",
+            s(&out),
+        ],
         &["--iters 0"],
     );
     fails_with_status(
         2,
-        &["train", "--config", "flux-tiny", "--switch-at", "-1", "--out", s(&out)],
+        &[
+            "train",
+            "--config",
+            "flux-tiny",
+            "--switch-at",
+            "-1",
+            "--out",
+            s(&out),
+        ],
         &["--switch-at", "whole number", "-1"],
     );
     let run = mxswitch(&[
-        "train", "--config", "flux-tiny", "--iters", "2", "--switch-at", "5", "--out", s(&out),
+        "train",
+        "--config",
+        "flux-tiny",
+        "--iters",
+        "2",
+        "--switch-at",
+        "5",
+        "--out",
+        s(&out),
     ]);
     assert!(run.status.success());
     let err = text(&run.stderr);
     assert!(
-        err.contains("warning: the fp8 phase starts at iteration 5") && err.contains("will not run"),
+        err.contains("warning: the fp8 phase starts at iteration 5")
+            && err.contains("will not run"),
         "{err}"
     );
 }
@@ -381,7 +502,13 @@ fn iteration_flags_are_checked() {
 fn a_run_too_big_for_memory_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let out = bin()
-        .args(["train", "--config", "flux-schnell", "--out", s(&dir.path().join("R"))])
+        .args([
+            "train",
+            "--config",
+            "flux-schnell",
+            "--out",
+            s(&dir.path().join("R")),
+        ])
         .env("MXSWITCH_MEMORY_LIMIT", (24u64 << 30).to_string())
         .output()
         .unwrap();

@@ -99,7 +99,8 @@ pub fn read_checkpoint(path: &Path, limit: u64) -> Result<Checkpoint> {
 
 /// Parse checkpoint bytes; the error is the reason, without the file name.
 pub fn parse_checkpoint(bytes: &[u8]) -> std::result::Result<Checkpoint, String> {
-    let (tensors, meta) = st_file::parse(bytes).map_err(|r| format!("not a safetensors file: {r}"))?;
+    let (tensors, meta) =
+        st_file::parse(bytes).map_err(|r| format!("not a safetensors file: {r}"))?;
     let entry = |key: &str| -> std::result::Result<&String, String> {
         meta.get(key).ok_or_else(|| {
             format!("metadata `{key}` is missing: it was not written by `mxswitch train` of this version")
@@ -107,8 +108,12 @@ pub fn parse_checkpoint(bytes: &[u8]) -> std::result::Result<Checkpoint, String>
     };
     let iteration: u64 = {
         let v = entry("iteration")?;
-        v.parse()
-            .map_err(|_| format!("metadata `iteration` is {:?}, not a whole number", printable(v)))?
+        v.parse().map_err(|_| {
+            format!(
+                "metadata `iteration` is {:?}, not a whole number",
+                printable(v)
+            )
+        })?
     };
     let mut run: RunRecord = serde_json::from_str(entry("run")?)
         .map_err(|e| format!("metadata `run` is not a valid run record: {e}"))?;
@@ -119,8 +124,9 @@ pub fn parse_checkpoint(bytes: &[u8]) -> std::result::Result<Checkpoint, String>
         .and_then(|()| run.schedule().map(drop))
         .map_err(|e| format!("metadata `run`: {e}"))?;
     let steps_json: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(entry("adamw.steps")?)
-            .map_err(|e| format!("metadata `adamw.steps` is not a JSON object of step counts: {e}"))?;
+        serde_json::from_str(entry("adamw.steps")?).map_err(|e| {
+            format!("metadata `adamw.steps` is not a JSON object of step counts: {e}")
+        })?;
     let mut steps = BTreeMap::new();
     for (name, v) in steps_json {
         let n = v.as_u64().ok_or_else(|| {
@@ -181,7 +187,12 @@ impl Checkpoint {
                 .param
                 .as_mut()
                 .ok_or_else(|| err(path, format!("parameter {} is not allocated", slot.path)))?;
-            let value = take(&mut tensors, path, &format!("param.{}", slot.path), &slot.shape)?;
+            let value = take(
+                &mut tensors,
+                path,
+                &format!("param.{}", slot.path),
+                &slot.shape,
+            )?;
             p.set(Tensor::from_vec(value, slot.shape.clone(), &p.device())?)?;
             let m = format!("adamw.m.{}", slot.path);
             let v = format!("adamw.v.{}", slot.path);

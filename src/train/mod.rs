@@ -25,9 +25,9 @@ use mxswitch_runtime::schedule::{Phase, Schedule, SwitchReport};
 use mxswitch_runtime::warmup::warmup;
 use mxswitch_runtime::{DType, Device, Error, Result, Tensor};
 
+use crate::files::interrupt;
 pub use checkpoint::{parse_checkpoint, read_checkpoint, save_checkpoint, Checkpoint};
 pub use record::{RunFlags, RunRecord};
-use crate::files::interrupt;
 use run_dir::RunDir;
 
 /// Gradient clipping threshold (SPEC section 8).
@@ -353,7 +353,12 @@ fn train_in_pool(opts: &TrainOptions) -> Result<TrainSummary> {
         Ok(())
     });
     bar.abandon();
-    let all: Vec<StepMetrics> = out.earlier.iter().chain(&summary.metrics).cloned().collect();
+    let all: Vec<StepMetrics> = out
+        .earlier
+        .iter()
+        .chain(&summary.metrics)
+        .cloned()
+        .collect();
     let switch_iters: Vec<u64> = schedule.phases().iter().skip(1).map(|p| p.start).collect();
     // A failed step still leaves the plot of the steps before it.
     let plotted = plot::loss_curve(&summary.plot, &all, &switch_iters);

@@ -27,7 +27,11 @@ pub fn loss_curve(path: &Path, metrics: &[StepMetrics], switches: &[u64]) -> Res
 }
 
 /// Draw the curve into an RGB buffer of [`SIZE`]; the error is plotters'.
-fn draw(rgb: &mut [u8], metrics: &[StepMetrics], switches: &[u64]) -> std::result::Result<(), String> {
+fn draw(
+    rgb: &mut [u8],
+    metrics: &[StepMetrics],
+    switches: &[u64],
+) -> std::result::Result<(), String> {
     let fail = |e: &dyn std::fmt::Display| e.to_string();
     let root = BitMapBackend::with_buffer(rgb, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(|e| fail(&e))?;

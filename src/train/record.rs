@@ -110,7 +110,8 @@ impl RunRecord {
         if let Some(at) = flags.switch_at {
             let recorded = self.schedule()?.phases().get(1).map(|p| p.start);
             if recorded != Some(at) {
-                let recorded = recorded.map_or("no switch".into(), |s| format!("its switch at {s}"));
+                let recorded =
+                    recorded.map_or("no switch".into(), |s| format!("its switch at {s}"));
                 return Err(contradiction(
                     "--switch-at",
                     at.to_string(),
@@ -229,9 +230,15 @@ mod tests {
             iters: Some(10),
             ..Default::default()
         });
-        assert!(e.contains("--iters 10") && e.contains("iteration 20"), "{e}");
+        assert!(
+            e.contains("--iters 10") && e.contains("iteration 20"),
+            "{e}"
+        );
         let e = msg(RunFlags::default());
-        assert!(e.contains("20 iterations end at") && e.contains("iteration 20"), "{e}");
+        assert!(
+            e.contains("20 iterations end at") && e.contains("iteration 20"),
+            "{e}"
+        );
         let e = msg(RunFlags {
             iters: Some(30),
             seed: Some(5),
@@ -243,7 +250,10 @@ mod tests {
             switch_at: Some(40),
             ..Default::default()
         });
-        assert!(e.contains("--switch-at 40") && e.contains("switch at 10"), "{e}");
+        assert!(
+            e.contains("--switch-at 40") && e.contains("switch at 10"),
+            "{e}"
+        );
         let mut shallow = tiny();
         shallow.model.depth = 1;
         let e = msg(RunFlags {
@@ -251,7 +261,10 @@ mod tests {
             iters: Some(30),
             ..Default::default()
         });
-        assert!(e.contains("model.depth to 1") && e.contains("model.depth = 2"), "{e}");
+        assert!(
+            e.contains("model.depth to 1") && e.contains("model.depth = 2"),
+            "{e}"
+        );
         let e = record()
             .resumed(
                 20,

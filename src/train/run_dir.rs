@@ -49,7 +49,13 @@ impl RunDir {
             .collect();
         let resumes_here = resume
             .and_then(Path::parent)
-            .map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p })
+            .map(|p| {
+                if p.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    p
+                }
+            })
             .is_some_and(|p| files::same_file(p, dir));
         let mut run = RunDir {
             dir: dir.to_path_buf(),
