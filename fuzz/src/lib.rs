@@ -60,10 +60,11 @@ pub fn safetensors_reader(data: &[u8]) -> Stage {
 
 /// The config loader: RON text to a validated run config, then what
 /// `mxswitch plan` and the start of `mxswitch train` do before any weight
-/// exists: the schedule (also with its switch moved), the checked parameter
-/// count, the model's shape and its precision plan. The model is built for
-/// every accepted config: validation bounds the block counts and widths
-/// (`MAX_BLOCKS`, `MAX_WIDTH`), and nothing here allocates a weight.
+/// exists: the JSON record of the run, the schedule (also with its switch
+/// moved), the checked parameter count, the model's shape and its precision
+/// plan. The model is built for every accepted config: validation bounds
+/// the block counts and widths (`MAX_BLOCKS`, `MAX_WIDTH`), and nothing
+/// here allocates a weight.
 pub fn config_loader(data: &[u8]) -> Stage {
     let Ok(text) = std::str::from_utf8(data) else {
         return Stage::Rejected;
@@ -71,6 +72,7 @@ pub fn config_loader(data: &[u8]) -> Stage {
     let Ok(cfg) = RunConfig::from_ron(text, "fuzz.ron") else {
         return Stage::Rejected;
     };
+    check_recorded(&cfg);
     let Ok(schedule) = schedule_of(&cfg, None) else {
         return Stage::Parsed;
     };
@@ -84,6 +86,20 @@ pub fn config_loader(data: &[u8]) -> Stage {
         return Stage::Parsed;
     }
     Stage::Used
+}
+
+/// A checkpoint records the run config as JSON and checks it again on
+/// `--resume`: an accepted config must come back equal and still valid, or
+/// a run could write a checkpoint it cannot resume from.
+fn check_recorded(cfg: &RunConfig) {
+    let json = serde_json::to_string(cfg).expect("a run config serializes");
+    let mut back: RunConfig = serde_json::from_str(&json)
+        .unwrap_or_else(|e| panic!("a run config does not read back from {json}: {e}"));
+    back.origin.clone_from(&cfg.origin);
+    assert_eq!(&back, cfg, "a run config changes through {json}");
+    if let Err(e) = back.validate() {
+        panic!("a config accepted from RON fails validate() after {json}: {e}");
+    }
 }
 
 /// The checkpoint loader: parse, check the recorded run as `--resume` does
