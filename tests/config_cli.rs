@@ -180,7 +180,7 @@ fn plan_prints_the_training_memory_estimate() {
     let line = out.lines().nth(1).unwrap_or("");
     assert!(
         line.starts_with("  training needs about ")
-            && line.contains("GiB (parameters 44.3 GiB, gradients 44.3 GiB, AdamW m and v 88.6 GiB, activations "),
+            && line.contains("GiB (parameters 44.3 GiB, warm-up's copy 44.3 GiB, gradients 44.3 GiB, AdamW m and v 88.6 GiB, activations "),
         "{out}"
     );
     let (code, out, err) = mxswitch(&["plan", "--config", "flux-schnell", "--json"]);
@@ -200,7 +200,7 @@ fn plan_prints_the_training_memory_estimate() {
     );
     assert_eq!(
         v["training_bytes_estimate"].as_u64().unwrap(),
-        16 * params + part("activations").max(4 * params)
+        20 * params + part("activations")
     );
 }
 
@@ -227,4 +227,48 @@ fn plan_counts_a_huge_model_without_wrapping() {
     let params = v["parameters"].as_u64().unwrap();
     assert_eq!(params / h2, 2404, "{params}");
     assert!(v["training_bytes_estimate"].as_u64().unwrap() > 16 * params);
+}
+
+/// Runs the binary with `MXSWITCH_MEMORY_LIMIT` set: (exit code, stderr).
+fn train_with_limit(limit: &str, out: &Path) -> (Option<i32>, String) {
+    let run = Command::new(env!("CARGO_BIN_EXE_mxswitch"))
+        .args(["train", "--config", "flux-tiny", "--iters", "1", "--out"])
+        .arg(out)
+        .env("MXSWITCH_MEMORY_LIMIT", limit)
+        .output()
+        .unwrap();
+    (
+        run.status.code(),
+        String::from_utf8_lossy(&run.stderr).into_owned(),
+    )
+}
+
+/// Training refuses a run that needs more than is available, before it
+/// allocates, with the estimate and what is available on one line.
+#[test]
+fn train_refuses_a_run_that_does_not_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, err) = train_with_limit("1000000", &dir.path().join("out"));
+    assert_eq!(code, Some(1), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].starts_with("error: training flux-tiny needs about ")
+            && lines[0].contains(" (parameters 1.8 MiB, warm-up's copy 1.8 MiB, gradients 1.8 MiB, AdamW m and v 3.6 MiB, activations ")
+            && lines[0].ends_with(
+                "but 976.6 KiB is available under MXSWITCH_MEMORY_LIMIT; use a smaller config or batch"
+            ),
+        "{err}"
+    );
+    assert!(!dir
+        .path()
+        .join("out")
+        .join("checkpoint.safetensors")
+        .exists());
+    let (code, err) = train_with_limit("lots", &dir.path().join("out2"));
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.starts_with("error: invalid option: MXSWITCH_MEMORY_LIMIT must be a whole number of bytes, got `lots`"),
+        "{err}"
+    );
 }

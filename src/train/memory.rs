@@ -241,6 +241,43 @@ mod tests {
         assert!(e.contains("is available on the host"), "{e}");
     }
 
+    /// Without a GPU the device's memory is unknown, and the check says so.
+    #[test]
+    fn no_gpu_means_the_check_is_skipped_visibly() {
+        if Device::Cuda(0).is_available() {
+            eprintln!("skipped: this machine has a GPU");
+            return;
+        }
+        let Available::Unknown(why) = available_on(Device::Cuda(0)) else {
+            panic!("no GPU, yet its memory was read");
+        };
+        assert!(
+            why.starts_with("the memory of cuda:0 could not be read ("),
+            "{why}"
+        );
+    }
+
+    /// With a GPU: its free memory is read, and flux-schnell (317 GiB) is
+    /// refused on any card that exists today. Run on the GPU machine with
+    /// `-- --ignored`.
+    #[test]
+    #[ignore = "needs a GPU"]
+    fn gpu_free_memory_is_read() {
+        let (free, total) = Device::Cuda(0).memory_info().unwrap().unwrap();
+        assert!(0 < free && free <= total, "{free} of {total}");
+        let Available::Device(bytes) = available_on(Device::Cuda(0)) else {
+            panic!("the GPU's memory was not read");
+        };
+        assert!(bytes <= total);
+        let cfg = RunConfig::load("flux-schnell").unwrap();
+        let e = check(&cfg, &Available::Device(bytes), Device::Cuda(0))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is available on cuda:0"), "{e}");
+        eprintln!("{e}");
+        check(&tiny(), &Available::Device(bytes), Device::Cuda(0)).unwrap();
+    }
+
     #[test]
     fn the_limit_variable_must_be_bytes() {
         assert_eq!(parse_limit(" 1024\n").unwrap(), 1024);
