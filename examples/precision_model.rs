@@ -138,8 +138,7 @@ fn main() -> Result<()> {
         eps: 1e-8,
         weight_decay: 0.1,
     })?;
-    let schedule = Mlp::schedule();
-    let report = warmup(&mut model, &mut opt, &schedule, 0, |m, o| {
+    let report = warmup(&mut model, &mut opt, Mlp::schedule(), 0, |m, o| {
         step(m, o, 0, &a).map(|_| ())
     })?;
     println!("{report}");

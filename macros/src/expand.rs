@@ -1,7 +1,9 @@
 //! Code generation, once `valid.rs` found nothing wrong: `impl Planned` for
 //! every annotated struct (the plan visitor), a compile-time check that the
 //! plan can hold a quantized linear, and for the root `impl PrecisionModel`
-//! plus the inherent `schedule`/`plan`/`apply` methods.
+//! (the recipe allow-list and the schedule as a `static`) plus the inherent
+//! `schedule`/`plan`/`apply` methods. `lib.rs` lists every item with its
+//! signature; keep the two in step.
 
 use proc_macro2::{Ident, Literal, Span, TokenStream};
 use quote::{quote, quote_spanned, ToTokens};
@@ -10,7 +12,8 @@ use syn::spanned::Spanned;
 
 use crate::ast::{Input, Mark, PrecisionAttr};
 use crate::attr;
-use crate::valid::{self, Ctxt, OptionValue, Recipe, Role, Schedule};
+use crate::recipe_tokens;
+use crate::valid::{self, Ctxt, Role, Schedule};
 
 /// The whole expansion of `#[precision(args)] item`.
 pub fn precision(args: TokenStream, item: TokenStream) -> TokenStream {
@@ -140,8 +143,8 @@ fn impl_planned(input: &Input, p: &TokenStream) -> TokenStream {
 
             fn visit_linears(
                 &self,
-                #cx: &mut #p::PlanCx,
-                #f: &mut dyn ::core::ops::FnMut(#p::LinearSite, &dyn #p::PlanLinear),
+                #cx: &mut #p::PlanCx<'_>,
+                #f: &mut dyn ::core::ops::FnMut(#p::LinearSite<'_>, &dyn #p::PlanLinear),
             ) {
                 #generic_check
                 #(#visits)*
@@ -149,8 +152,8 @@ fn impl_planned(input: &Input, p: &TokenStream) -> TokenStream {
 
             fn visit_linears_mut(
                 &mut self,
-                #cx: &mut #p::PlanCx,
-                #f: &mut dyn ::core::ops::FnMut(#p::LinearSite, &mut dyn #p::PlanLinear),
+                #cx: &mut #p::PlanCx<'_>,
+                #f: &mut dyn ::core::ops::FnMut(#p::LinearSite<'_>, &mut dyn #p::PlanLinear),
             ) {
                 #generic_check
                 #(#visits_mut)*
@@ -194,50 +197,21 @@ fn plan_check(input: &Input, p: &TokenStream) -> TokenStream {
     }
 }
 
-/// A runtime `Recipe`: the SPEC defaults of its kind plus the options written.
-fn recipe_expr(recipe: &Recipe, p: &TokenStream) -> TokenStream {
-    let kind = Ident::new(recipe.name.variant, Span::call_site());
-    let new = quote!(#p::Recipe::new(#p::RecipeKind::#kind));
-    if recipe.options.is_empty() {
-        return new;
-    }
-    let r = local("recipe");
-    let sets = recipe.options.iter().map(|(key, value)| {
-        let field = Ident::new(key.name, Span::call_site());
-        let value = match value {
-            OptionValue::Bool(b) => quote!(#b),
-            OptionValue::Scale(mode) => {
-                let mode = Ident::new(mode.variant, Span::call_site());
-                quote!(#p::ScaleMode::#mode)
-            }
-        };
-        quote!(#r.#field = #value;)
-    });
-    quote!({
-        let mut #r = #new;
-        #(#sets)*
-        #r
-    })
-}
-
-/// `impl PrecisionModel` and the inherent methods of the root.
+/// `impl PrecisionModel` and the inherent methods of the root. The schedule
+/// is a `static` inside `PrecisionModel::schedule` (one for all
+/// instantiations of a generic root): its phases are constant data, checked
+/// by `valid.rs`, so nothing is built or validated at run time.
 fn impl_root(input: &Input, schedule: &Schedule, p: &TokenStream) -> TokenStream {
     let ident = input.ident;
     let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
-    let mut kinds: Vec<&str> = Vec::new();
-    for phase in &schedule.phases {
-        if !kinds.contains(&phase.recipe.name.variant) {
-            kinds.push(phase.recipe.name.variant);
-        }
-    }
-    let kinds = kinds.iter().map(|k| Ident::new(k, Span::call_site()));
+    let kinds = recipe_tokens::kinds(schedule, p);
     let phases = schedule.phases.iter().map(|phase| {
         let start = Literal::u64_suffixed(phase.start);
-        let recipe = recipe_expr(&phase.recipe, p);
+        let recipe = recipe_tokens::recipe(&phase.recipe, p);
         quote!(#p::Phase { start: #start, recipe: #recipe })
     });
     let layers_per_iter = Literal::u64_suffixed(schedule.layers_per_iter);
-    let order = Ident::new(schedule.order.variant, Span::call_site());
+    let order = recipe_tokens::order(schedule.order, p);
     // `include_bytes!` makes cargo rebuild the crate when the RON file changes.
     let rebuild = schedule.config.as_ref().map(|path| {
         let path = path.to_string_lossy();
@@ -248,22 +222,24 @@ fn impl_root(input: &Input, schedule: &Schedule, p: &TokenStream) -> TokenStream
     let text = schedule.to_string();
     let name = ident.to_string();
     let (iteration, sched, text_arg) = (local("iteration"), local("schedule"), local("text"));
-    let doc_text =
-        format!("The compiled schedule of `{name}`, in the `schedule = [...]` spelling: `{text}`.");
+    let schedule_static = local("SCHEDULE");
+    let doc_text = format!(
+        "The attribute's schedule of `{name}`, in the `schedule = [...]` spelling: `{text}`."
+    );
     quote! {
         #rebuild
 
         #[automatically_derived]
         impl #impl_generics #p::PrecisionModel for #ident #ty_generics #where_clause {
-            const RECIPES: &'static [#p::RecipeKind] = &[#(#p::RecipeKind::#kinds),*];
+            const RECIPES: &'static [#p::RecipeKind] = &[#(#kinds),*];
 
-            fn compiled_schedule() -> #p::Schedule {
-                #p::Schedule::new(
-                    ::std::vec![#(#phases),*],
+            fn schedule() -> &'static #p::Schedule {
+                static #schedule_static: #p::Schedule = #p::Schedule::from_attribute(
+                    &[#(#phases),*],
                     #layers_per_iter,
-                    #p::Order::#order,
-                )
-                .expect("#[precision] checked this schedule at compile time")
+                    #order,
+                );
+                &#schedule_static
             }
         }
 
@@ -272,9 +248,10 @@ fn impl_root(input: &Input, schedule: &Schedule, p: &TokenStream) -> TokenStream
             pub const SCHEDULE_TEXT: &'static str = #text;
 
             /// The schedule written in the `#[precision]` attribute (or read
-            /// from its RON file at compile time).
-            pub fn schedule() -> #p::Schedule {
-                <Self as #p::PrecisionModel>::compiled_schedule()
+            /// from its RON file at compile time): a `static`, checked at
+            /// compile time, the same value on every call.
+            pub fn schedule() -> &'static #p::Schedule {
+                <Self as #p::PrecisionModel>::schedule()
             }
 
             /// The layer plan of this instance: its quantized linears grouped
@@ -294,23 +271,18 @@ fn impl_root(input: &Input, schedule: &Schedule, p: &TokenStream) -> TokenStream
             }
 
             /// Give every quantized linear its recipe at `iteration` (the
-            /// number of completed optimizer steps) under the compiled
+            /// number of completed optimizer steps) under the attribute's
             /// schedule. Assigned absolutely: applying an iteration twice is a
             /// no-op, and iterations may come in any order. Touches nothing
-            /// but the recipes.
+            /// but the recipes, and allocates nothing.
             pub fn apply(&mut self, #iteration: u64) -> #p::SwitchReport {
-                #p::apply_schedule(
-                    self,
-                    &<Self as #p::PrecisionModel>::compiled_schedule(),
-                    #iteration,
-                )
-                .expect("the compiled schedule names only compiled-in recipes")
+                #p::apply_attribute_schedule(self, #iteration)
             }
 
             /// As [`Self::apply`], under a schedule from a RON config or the
             /// command line. It may move switches, change the ramp and set
             /// recipe options; naming a recipe the attribute does not name is
-            /// an error that lists the compiled-in recipes.
+            /// an error that lists the recipes it names.
             pub fn apply_with(
                 &mut self,
                 #sched: &#p::Schedule,
@@ -321,8 +293,8 @@ fn impl_root(input: &Input, schedule: &Schedule, p: &TokenStream) -> TokenStream
 
             /// Parse a RON schedule, `(phases: [(start: 0, recipe: "mxfp4"),
             /// (start: 12000, recipe: "fp8")], layers_per_iter: 0, order:
-            /// "deep_to_shallow")`, and check that it names only recipes
-            /// compiled into this model.
+            /// "deep_to_shallow")`, and check that it names only recipes the
+            /// attribute names.
             pub fn schedule_from_ron(
                 #text_arg: &str,
             ) -> ::core::result::Result<#p::Schedule, #p::Error> {

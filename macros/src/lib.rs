@@ -10,6 +10,7 @@ mod ast;
 mod attr;
 mod config;
 mod expand;
+mod recipe_tokens;
 mod symbol;
 mod valid;
 
@@ -56,14 +57,22 @@ use proc_macro::TokenStream;
 /// - Recipe options, in parentheses after any recipe (SPEC section 4):
 ///   `scale = floor | ceil | even | rceil`, `sr = bool`, `hadamard = bool` and
 ///   `tile2d = bool` for the MX recipes, `pow2 = bool` for the FP8 recipes;
-///   `bf16` takes none. An option that does not apply is an error.
+///   `bf16` takes none of these. An option that does not apply is an error.
 ///   ```ignore
 ///   #[precision(mxfp4(scale = rceil, sr = true), switch_to = fp8(pow2 = true), at = 12000)]
 ///   ```
+/// - Per-GEMM precision (SPEC section 4a): every recipe takes `fprop`, `dgrad`
+///   and `wgrad`, each naming a recipe whose operand specs that GEMM uses;
+///   the other GEMMs keep the base recipe. An override that changes nothing
+///   (`mxfp4(fprop = mxfp4)`) is an error.
+///   ```ignore
+///   #[precision(schedule = [mxfp4 @ 0, mxfp4(fprop = bf16) @ 12000, mxfp4(dgrad = fp8, wgrad = fp8) @ 15000])]
+///   ```
 /// - `switch_to = <recipe>, at = <iteration>`: one switch; each needs the
-///   other, and `switch_to` must differ from the first recipe.
+///   other, and `switch_to` must resolve to a recipe other than the first.
 /// - `schedule = [<recipe> @ <start>, ...]`: several switches; the first
-///   phase starts at 0, starts increase strictly. It replaces the leading
+///   phase starts at 0, starts increase strictly, and each phase resolves to
+///   a recipe other than the one before it. It replaces the leading
 ///   recipe and `switch_to`/`at`, which cannot be written with it.
 ///   ```ignore
 ///   #[precision(schedule = [mxfp4 @ 0, fp8 @ 12000, bf16 @ 15000])]
@@ -87,7 +96,8 @@ use proc_macro::TokenStream;
 ///   (
 ///       phases: [
 ///           (start: 0, recipe: "mxfp4", options: (scale: "rceil")),
-///           (start: 12000, recipe: "fp8"),
+///           (start: 12000, recipe: "mxfp4", options: (fprop: "bf16")),
+///           (start: 15000, recipe: "fp8"),
 ///       ],
 ///       layers_per_iter: 0,
 ///       order: "deep_to_shallow",
@@ -106,25 +116,73 @@ use proc_macro::TokenStream;
 ///   conversion of each switch.
 /// - A struct whose plan cannot hold a quantized linear is a compile error.
 ///
+/// # What the attribute fixes
+///
+/// Every recipe's code is compiled into the runtime whatever the attribute
+/// says (a linear dispatches on its current recipe at run time). The
+/// attribute fixes the model's schedule, and its recipes are an allow-list:
+/// a schedule from a RON config or the command line may move switches,
+/// change the ramp and set options, but naming a recipe the attribute does
+/// not name is an error when the schedule is loaded
+/// (`schedule_from_ron`) or applied (`apply_with`), and the error lists the
+/// recipes the attribute names.
+///
 /// # Generated items
 ///
-/// For every annotated struct, `impl Planned` (the plan visitor). For the
-/// root, also `impl PrecisionModel` (`RECIPES`, the recipe kinds the schedule
-/// names and whose code is compiled in, and `compiled_schedule()`) and these
-/// inherent items:
+/// Paths below are `mxswitch::runtime::{plan, schedule, recipe}`. For every
+/// annotated struct `S`, the plan visitor, which walks `#[quantize]` fields
+/// as sites and each element of a `#[layers]` field as the next plan layer,
+/// in field order, and allocates nothing:
 ///
 /// ```ignore
-/// pub const SCHEDULE_TEXT: &'static str;
-/// pub fn schedule() -> Schedule;
-/// pub fn plan(&self) -> Plan;
-/// pub fn checked_plan(&self) -> Result<Plan>;        // error when the plan is empty
-/// pub fn apply(&mut self, iteration: u64) -> SwitchReport;
-/// pub fn apply_with(&mut self, schedule: &Schedule, iteration: u64) -> Result<SwitchReport>;
-/// pub fn schedule_from_ron(text: &str) -> Result<Schedule>;
+/// impl Planned for S {
+///     const CAN_HOLD_LINEARS: bool;   // true with a #[quantize] field, else any #[layers] element type's
+///     fn visit_linears(&self, cx: &mut PlanCx<'_>, f: &mut dyn FnMut(LinearSite<'_>, &dyn PlanLinear));
+///     fn visit_linears_mut(&mut self, cx: &mut PlanCx<'_>, f: &mut dyn FnMut(LinearSite<'_>, &mut dyn PlanLinear));
+/// }
 /// ```
 ///
+/// When `S` has no `#[quantize]` field, a `const _: () = ...;` that fails to
+/// compile if `CAN_HOLD_LINEARS` is false (for a generic `S`, the same check
+/// as an inline `const` block in the visitor, evaluated when it is
+/// instantiated). With `config = "..."`, a `const _: &[u8] =
+/// include_bytes!(...)` so the crate rebuilds when the file changes.
+///
+/// For the root `R`, also:
+///
 /// ```ignore
-/// let mut model = Flux::new(&cfg)?;
+/// impl PrecisionModel for R {
+///     // The allow-list: the recipe kinds the schedule names, in phase order.
+///     const RECIPES: &'static [RecipeKind] = &[RecipeKind::Mxfp4, RecipeKind::Fp8];
+///     // A `static` whose phases are constant data the macro validated at
+///     // compile time (a RON file is read and checked then, too): nothing is
+///     // built or checked at run time, and every call returns the same value.
+///     fn schedule() -> &'static Schedule {
+///         static SCHEDULE: Schedule = Schedule::from_attribute(&[/* Phase { start, recipe } */], 0, Order::DeepToShallow);
+///         &SCHEDULE
+///     }
+/// }
+///
+/// impl R {
+///     pub const SCHEDULE_TEXT: &'static str;                     // "[mxfp4 @ 0, fp8 @ 12000], layers_per_iter = 0, order = deep_to_shallow"
+///     pub fn schedule() -> &'static Schedule;                    // <R as PrecisionModel>::schedule()
+///     pub fn plan(&self) -> Plan;                                // paths per plan layer, and the extras
+///     pub fn checked_plan(&self) -> Result<Plan, Error>;         // error when the plan is empty
+///     pub fn apply(&mut self, iteration: u64) -> SwitchReport;   // under the static schedule; no check, no allocation
+///     pub fn apply_with(&mut self, schedule: &Schedule, iteration: u64) -> Result<SwitchReport, Error>; // checked against RECIPES
+///     pub fn schedule_from_ron(text: &str) -> Result<Schedule, Error>;                                  // parsed, checked against RECIPES
+/// }
+/// ```
+///
+/// `apply` walks the plan twice (once to count its layers, once to set
+/// recipes) and assigns absolutely, so it is a pure function of the
+/// iteration: applying an iteration twice is a no-op and iterations may come
+/// in any order. It writes only recipes and positions and allocates nothing;
+/// `SwitchReport` holds counts and a `Copy` recipe, and text is made only
+/// when it is formatted.
+///
+/// ```ignore
+/// let mut model = Flux::new(&cfg);
 /// model.checked_plan()?;
 /// for step in 0..steps {
 ///     let report = model.apply(step);                 // no-op unless a switch happens
@@ -135,8 +193,7 @@ use proc_macro::TokenStream;
 /// }
 /// ```
 ///
-/// A schedule from a RON config or the command line may move switches,
-/// change the ramp and set options, but only among the compiled-in recipes:
+/// A run-time schedule, held to the allow-list:
 ///
 /// ```ignore
 /// let schedule = Flux::schedule_from_ron(&std::fs::read_to_string("run.ron")?)?;

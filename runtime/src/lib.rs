@@ -42,8 +42,8 @@ pub use tensor::Tensor;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::plan::{
-        apply_schedule, check_schedule, LinearSite, Plan, PlanCx, PlanLinear, Planned,
-        PrecisionModel,
+        apply_attribute_schedule, apply_schedule, check_schedule, LinearSite, Plan, PlanCx,
+        PlanLinear, Planned, PrecisionModel,
     };
     pub use crate::quant::ScaleMode;
     pub use crate::recipe::{Recipe, RecipeKind};

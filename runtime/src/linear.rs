@@ -129,9 +129,9 @@ impl PlanLinear for QuantLinear {
         self.recipe = recipe;
     }
 
-    fn set_position(&mut self, site: &LinearSite, index: usize, iteration: u64) {
-        if *self.path != *site.path {
-            self.path = Arc::from(site.path.as_str());
+    fn set_position(&mut self, site: &LinearSite<'_>, index: usize, iteration: u64) {
+        if !site.path_is(&self.path) {
+            self.path = Arc::from(site.path());
         }
         self.index = index as u64;
         self.iteration = iteration;

@@ -3,9 +3,18 @@
 //!
 //! `#[precision]` implements [`Planned`] for annotated structs (a visitor
 //! over their `#[quantize]` and `#[layers]` fields) and [`PrecisionModel`]
-//! for the root; the functions here do the rest, so generated code stays small.
+//! for the root (its schedule as a `static`, and the recipes it names); the
+//! functions here do the rest, so generated code stays small.
+//!
+//! Every recipe's code is compiled into the runtime, whatever a model's
+//! attribute says: [`PrecisionModel::RECIPES`] is an allow-list, checked by
+//! [`check_schedule`] whenever a schedule other than the attribute's own is
+//! applied or loaded. A walk allocates nothing (a site's path is spelled out
+//! only when asked), so `apply` between switches allocates nothing either.
 
-use crate::recipe::{Recipe, RecipeKind};
+use std::fmt::{self, Write as _};
+
+use crate::recipe::{Gemm, Recipe, RecipeKind};
 use crate::schedule::{Schedule, SwitchReport};
 use crate::{Error, Result};
 
@@ -16,63 +25,165 @@ pub trait PlanLinear {
     /// Told on every apply where the linear sits (its path and index in the
     /// plan) and the iteration: a linear uses them to name errors and to key
     /// stochastic rounding. The default ignores them.
-    fn set_position(&mut self, _site: &LinearSite, _index: usize, _iteration: u64) {}
+    fn set_position(&mut self, _site: &LinearSite<'_>, _index: usize, _iteration: u64) {}
 }
 
-/// Where a linear sits in the plan.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LinearSite {
-    /// Dotted path, e.g. `double_blocks.3.img_qkv`.
-    pub path: String,
+/// One step of a walk's path: a field, or an element of a `#[layers]` field.
+#[derive(Clone, Copy)]
+struct Segment<'a> {
+    parent: Option<&'a Segment<'a>>,
+    name: &'a str,
+    index: Option<usize>,
+}
+
+impl Segment<'_> {
+    fn write(&self, w: &mut dyn fmt::Write) -> fmt::Result {
+        if let Some(parent) = self.parent {
+            parent.write(w)?;
+            w.write_char('.')?;
+        }
+        w.write_str(self.name)?;
+        match self.index {
+            Some(i) => write!(w, ".{i}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Where a linear sits in the plan. It borrows the walk's path instead of
+/// owning a copy, so visiting a plan allocates nothing; [`Display`]
+/// (`double_blocks.3.img_qkv`), [`LinearSite::path`] and
+/// [`LinearSite::path_is`] spell it out.
+///
+/// [`Display`]: fmt::Display
+#[derive(Clone, Copy)]
+pub struct LinearSite<'a> {
+    prefix: Option<&'a Segment<'a>>,
+    name: &'a str,
     /// Plan layer index (shallow to deep), or `None` for an extra.
     pub layer: Option<usize>,
 }
 
-/// The walk state of a plan visitor: the path so far and the layer numbering.
-#[derive(Clone, Debug, Default)]
-pub struct PlanCx {
-    prefix: String,
-    layer: Option<usize>,
-    next_layer: usize,
+impl<'a> LinearSite<'a> {
+    /// A site from its whole dotted path, for linears placed by hand.
+    pub fn new(path: &'a str, layer: Option<usize>) -> Self {
+        LinearSite {
+            prefix: None,
+            name: path,
+            layer,
+        }
+    }
+
+    /// The dotted path, e.g. `double_blocks.3.img_qkv` (allocates).
+    pub fn path(&self) -> String {
+        self.to_string()
+    }
+
+    /// Whether the dotted path is `path`, compared piece by piece without
+    /// allocating.
+    pub fn path_is(&self, path: &str) -> bool {
+        /// Consumes `rest` while what is written matches it.
+        struct Match<'s> {
+            rest: &'s str,
+        }
+        impl fmt::Write for Match<'_> {
+            fn write_str(&mut self, s: &str) -> fmt::Result {
+                self.rest = self.rest.strip_prefix(s).ok_or(fmt::Error)?;
+                Ok(())
+            }
+        }
+        let mut m = Match { rest: path };
+        write!(m, "{self}").is_ok() && m.rest.is_empty()
+    }
 }
 
-impl PlanCx {
+impl fmt::Display for LinearSite<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(prefix) = self.prefix {
+            prefix.write(f)?;
+            f.write_char('.')?;
+        }
+        f.write_str(self.name)
+    }
+}
+
+impl fmt::Debug for LinearSite<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LinearSite")
+            .field("path", &format_args!("{self}"))
+            .field("layer", &self.layer)
+            .finish()
+    }
+}
+
+/// The walk state of a plan visitor: the path so far (a chain of segments
+/// on the stack) and the layer numbering.
+pub struct PlanCx<'a> {
+    prefix: Option<&'a Segment<'a>>,
+    layer: Option<usize>,
+    next_layer: &'a mut usize,
+}
+
+impl PlanCx<'_> {
+    /// Run `f` with the state of a walk from a model's root.
+    pub fn root<R>(f: impl FnOnce(&mut PlanCx<'_>) -> R) -> R {
+        let mut next_layer = 0;
+        f(&mut PlanCx {
+            prefix: None,
+            layer: None,
+            next_layer: &mut next_layer,
+        })
+    }
+
     /// The site of field `name` under the current prefix.
-    pub fn site(&self, name: &str) -> LinearSite {
+    pub fn site<'s>(&'s self, name: &'s str) -> LinearSite<'s> {
         LinearSite {
-            path: self.join(name),
+            prefix: self.prefix,
+            name,
             layer: self.layer,
         }
     }
 
-    fn join(&self, name: &str) -> String {
-        if self.prefix.is_empty() {
-            name.to_string()
-        } else {
-            format!("{}.{name}", self.prefix)
-        }
+    fn enter<R>(
+        &mut self,
+        segment: Segment<'_>,
+        layer: Option<usize>,
+        f: impl FnOnce(&mut PlanCx<'_>) -> R,
+    ) -> R {
+        f(&mut PlanCx {
+            prefix: Some(&segment),
+            layer,
+            next_layer: &mut *self.next_layer,
+        })
     }
 
     /// Run `f` inside field `name` (a nested annotated struct).
-    pub fn field<R>(&mut self, name: &str, f: impl FnOnce(&mut PlanCx) -> R) -> R {
-        let inner = self.join(name);
-        let saved = std::mem::replace(&mut self.prefix, inner);
-        let r = f(self);
-        self.prefix = saved;
-        r
+    pub fn field<R>(&mut self, name: &str, f: impl FnOnce(&mut PlanCx<'_>) -> R) -> R {
+        let segment = Segment {
+            parent: self.prefix,
+            name,
+            index: None,
+        };
+        let layer = self.layer;
+        self.enter(segment, layer, f)
     }
 
     /// Run `f` inside element `index` of the `#[layers]` field `name`: the
     /// element becomes the next plan layer.
-    pub fn layer<R>(&mut self, name: &str, index: usize, f: impl FnOnce(&mut PlanCx) -> R) -> R {
-        let inner = format!("{}.{index}", self.join(name));
-        let saved_prefix = std::mem::replace(&mut self.prefix, inner);
-        let saved_layer = self.layer.replace(self.next_layer);
-        self.next_layer += 1;
-        let r = f(self);
-        self.prefix = saved_prefix;
-        self.layer = saved_layer;
-        r
+    pub fn layer<R>(
+        &mut self,
+        name: &str,
+        index: usize,
+        f: impl FnOnce(&mut PlanCx<'_>) -> R,
+    ) -> R {
+        let segment = Segment {
+            parent: self.prefix,
+            name,
+            index: Some(index),
+        };
+        let layer = *self.next_layer;
+        *self.next_layer += 1;
+        self.enter(segment, Some(layer), f)
     }
 }
 
@@ -81,31 +192,43 @@ pub trait Planned {
     /// Whether the type can hold a quantized linear at all; the root's
     /// compile-time check of an empty plan reads this.
     const CAN_HOLD_LINEARS: bool;
-    fn visit_linears(&self, cx: &mut PlanCx, f: &mut dyn FnMut(LinearSite, &dyn PlanLinear));
+    fn visit_linears(
+        &self,
+        cx: &mut PlanCx<'_>,
+        f: &mut dyn FnMut(LinearSite<'_>, &dyn PlanLinear),
+    );
     fn visit_linears_mut(
         &mut self,
-        cx: &mut PlanCx,
-        f: &mut dyn FnMut(LinearSite, &mut dyn PlanLinear),
+        cx: &mut PlanCx<'_>,
+        f: &mut dyn FnMut(LinearSite<'_>, &mut dyn PlanLinear),
     );
 }
 
 /// Implemented by the root `#[precision(...)]` struct.
 pub trait PrecisionModel: Planned {
-    /// The recipes the attribute names, whose code is compiled in.
+    /// The recipe kinds the attribute names: the allow-list of every
+    /// schedule this model may run. All recipes' code is compiled in; this
+    /// list is what [`check_schedule`] holds a run-time schedule to.
     const RECIPES: &'static [RecipeKind];
-    /// The schedule written in the attribute (or its RON file).
-    fn compiled_schedule() -> Schedule;
+    /// The schedule written in the attribute (or its RON file), validated
+    /// at compile time and held in a `static`: every call returns the same
+    /// value, built once.
+    fn schedule() -> &'static Schedule;
 }
 
 impl<T: Planned> Planned for Vec<T> {
     const CAN_HOLD_LINEARS: bool = T::CAN_HOLD_LINEARS;
-    fn visit_linears(&self, cx: &mut PlanCx, f: &mut dyn FnMut(LinearSite, &dyn PlanLinear)) {
+    fn visit_linears(
+        &self,
+        cx: &mut PlanCx<'_>,
+        f: &mut dyn FnMut(LinearSite<'_>, &dyn PlanLinear),
+    ) {
         self.iter().for_each(|t| t.visit_linears(cx, f));
     }
     fn visit_linears_mut(
         &mut self,
-        cx: &mut PlanCx,
-        f: &mut dyn FnMut(LinearSite, &mut dyn PlanLinear),
+        cx: &mut PlanCx<'_>,
+        f: &mut dyn FnMut(LinearSite<'_>, &mut dyn PlanLinear),
     ) {
         self.iter_mut().for_each(|t| t.visit_linears_mut(cx, f));
     }
@@ -113,15 +236,19 @@ impl<T: Planned> Planned for Vec<T> {
 
 impl<T: Planned> Planned for Option<T> {
     const CAN_HOLD_LINEARS: bool = T::CAN_HOLD_LINEARS;
-    fn visit_linears(&self, cx: &mut PlanCx, f: &mut dyn FnMut(LinearSite, &dyn PlanLinear)) {
+    fn visit_linears(
+        &self,
+        cx: &mut PlanCx<'_>,
+        f: &mut dyn FnMut(LinearSite<'_>, &dyn PlanLinear),
+    ) {
         if let Some(t) = self {
             t.visit_linears(cx, f)
         }
     }
     fn visit_linears_mut(
         &mut self,
-        cx: &mut PlanCx,
-        f: &mut dyn FnMut(LinearSite, &mut dyn PlanLinear),
+        cx: &mut PlanCx<'_>,
+        f: &mut dyn FnMut(LinearSite<'_>, &mut dyn PlanLinear),
     ) {
         if let Some(t) = self {
             t.visit_linears_mut(cx, f)
@@ -142,14 +269,16 @@ impl Plan {
     /// Walk a model and collect its plan.
     pub fn of<M: Planned + ?Sized>(model: &M) -> Plan {
         let mut plan = Plan::default();
-        model.visit_linears(&mut PlanCx::default(), &mut |site, _| match site.layer {
-            Some(l) => {
-                if plan.layers.len() <= l {
-                    plan.layers.resize(l + 1, Vec::new());
+        PlanCx::root(|cx| {
+            model.visit_linears(cx, &mut |site, _| match site.layer {
+                Some(l) => {
+                    if plan.layers.len() <= l {
+                        plan.layers.resize(l + 1, Vec::new());
+                    }
+                    plan.layers[l].push(site.path());
                 }
-                plan.layers[l].push(site.path);
-            }
-            None => plan.extras.push(site.path),
+                None => plan.extras.push(site.path()),
+            })
         });
         plan
     }
@@ -180,53 +309,142 @@ impl Plan {
     }
 }
 
-/// Check that a schedule only names recipes compiled into model `M`.
-pub fn check_schedule<M: PrecisionModel>(schedule: &Schedule) -> Result<()> {
-    for kind in schedule.recipe_kinds() {
-        if !M::RECIPES.contains(&kind) {
-            let compiled: Vec<&str> = M::RECIPES.iter().map(|r| r.name()).collect();
-            return Err(Error::InvalidOption(format!(
-                "recipe `{kind}` is not compiled into this model: its #[precision] attribute names only {}; \
-                 add `{kind}` to the attribute's schedule to use it",
-                compiled.join(", ")
-            )));
-        }
-    }
-    Ok(())
+/// The plan's size (L layers, M linears) without collecting its paths.
+fn plan_size<M: Planned + ?Sized>(model: &M) -> (usize, usize) {
+    let (mut layers, mut linears) = (0, 0);
+    PlanCx::root(|cx| {
+        model.visit_linears(cx, &mut |site, _| {
+            linears += 1;
+            if let Some(l) = site.layer {
+                layers = layers.max(l + 1);
+            }
+        })
+    });
+    (layers, linears)
 }
 
-/// Assign every linear its recipe at `iteration`, absolutely (SPEC section 5).
+/// Check that a schedule names only recipes of model `M`'s attribute (the
+/// allow-list [`PrecisionModel::RECIPES`]), per-GEMM overrides included;
+/// allocates only for the error.
+pub fn check_schedule<M: PrecisionModel + ?Sized>(schedule: &Schedule) -> Result<()> {
+    // The base recipe and every GEMM's (a per-GEMM override names another).
+    let named = |r: Recipe| {
+        let gemms = Gemm::ALL.into_iter().map(move |g| r.gemm_kind(g));
+        std::iter::once(r.kind).chain(gemms)
+    };
+    let Some(kind) = schedule
+        .phases()
+        .iter()
+        .flat_map(|p| named(p.recipe))
+        .find(|k| !M::RECIPES.contains(k))
+    else {
+        return Ok(());
+    };
+    let allowed: Vec<&str> = M::RECIPES.iter().map(|r| r.name()).collect();
+    Err(Error::InvalidOption(format!(
+        "recipe `{kind}` is not allowed for this model: its #[precision] attribute names only {} \
+         (every recipe is compiled in; the attribute lists those a schedule may use); \
+         add `{kind}` to the attribute's schedule to use it",
+        allowed.join(", ")
+    )))
+}
+
+/// Assign every linear its recipe at `iteration` under `schedule`, after
+/// checking the schedule against `M`'s allow-list (SPEC section 5).
 /// Touches nothing but the recipes.
-pub fn apply_schedule<M: PrecisionModel>(
+pub fn apply_schedule<M: PrecisionModel + ?Sized>(
     model: &mut M,
     schedule: &Schedule,
     iteration: u64,
 ) -> Result<SwitchReport> {
     check_schedule::<M>(schedule)?;
-    let plan = Plan::of(model);
-    let a = schedule.assign(iteration, plan.len());
-    let current = schedule.phases()[a.phase].recipe;
+    Ok(assign_recipes(model, schedule, iteration))
+}
+
+/// [`apply_schedule`] under the model's own [`PrecisionModel::schedule`],
+/// which needs no check: its recipes are the allow-list.
+pub fn apply_attribute_schedule<M: PrecisionModel + ?Sized>(
+    model: &mut M,
+    iteration: u64,
+) -> SwitchReport {
+    debug_assert!(check_schedule::<M>(M::schedule()).is_ok());
+    assign_recipes(model, M::schedule(), iteration)
+}
+
+/// The walk of an apply: absolute, so a pure function of the iteration, and
+/// without an allocation (the report holds only counts and a `Copy` recipe).
+fn assign_recipes<M: Planned + ?Sized>(
+    model: &mut M,
+    schedule: &Schedule,
+    iteration: u64,
+) -> SwitchReport {
+    let (layers_total, linears_total) = plan_size(model);
+    let a = schedule.assign(iteration, layers_total);
     let (mut changed, mut on_current, mut index) = (0, 0, 0);
-    model.visit_linears_mut(&mut PlanCx::default(), &mut |site, lin| {
-        lin.set_position(&site, index, iteration);
-        index += 1;
-        let r = match site.layer {
-            Some(l) => a.layers[l],
-            None => a.extras,
-        };
-        if lin.recipe() != r {
-            lin.set_recipe(r);
-            changed += 1;
-        }
-        on_current += (r == current) as usize;
+    PlanCx::root(|cx| {
+        model.visit_linears_mut(cx, &mut |site, lin| {
+            lin.set_position(&site, index, iteration);
+            index += 1;
+            let r = match site.layer {
+                Some(l) => a.layer(l),
+                None => a.extras(),
+            };
+            if lin.recipe() != r {
+                lin.set_recipe(r);
+                changed += 1;
+            }
+            on_current += (r == a.recipe) as usize;
+        })
     });
-    Ok(SwitchReport {
+    SwitchReport {
         iteration,
-        recipe: current,
-        layers_converted: a.layers.iter().filter(|r| **r == current).count(),
-        layers_total: plan.len(),
+        recipe: a.recipe,
+        layers_converted: a.layers().filter(|r| *r == a.recipe).count(),
+        layers_total,
         linears_converted: on_current,
-        linears_total: plan.linears(),
+        linears_total,
         changed,
-    })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sites_spell_their_path_from_the_walk() {
+        let (mut seen, mut layers) = (Vec::new(), Vec::new());
+        PlanCx::root(|cx| {
+            let extra = cx.site("img_in");
+            seen.push(extra.path());
+            layers.push(extra.layer);
+            cx.layer("blocks", 3, |cx| {
+                cx.field("attn", |cx| {
+                    let s = cx.site("qkv");
+                    assert!(s.path_is("blocks.3.attn.qkv"));
+                    assert!(!s.path_is("blocks.3.attn.qk"));
+                    assert!(!s.path_is("blocks.3.attn.qkvx"));
+                    assert!(!s.path_is("blocks.30.attn.qkv"));
+                    seen.push(s.path());
+                    layers.push(s.layer);
+                })
+            });
+            cx.layer("blocks", 4, |cx| {
+                seen.push(cx.site("proj").to_string());
+                layers.push(cx.site("proj").layer);
+            });
+        });
+        assert_eq!(seen, ["img_in", "blocks.3.attn.qkv", "blocks.4.proj"]);
+        assert_eq!(layers, [None, Some(0), Some(1)]);
+    }
+
+    #[test]
+    fn a_site_by_hand_is_its_whole_path() {
+        let s = LinearSite::new("double_blocks.3.img_qkv", Some(3));
+        assert!(s.path_is("double_blocks.3.img_qkv"));
+        assert_eq!(
+            format!("{s:?}"),
+            "LinearSite { path: double_blocks.3.img_qkv, layer: Some(3) }"
+        );
+    }
 }

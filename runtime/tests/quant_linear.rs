@@ -16,14 +16,7 @@ fn randn(n: usize, seed: u64, std: f32) -> Vec<f32> {
 fn linear(k: usize, n: usize, path: &str) -> QuantLinear {
     let mut lin = QuantLinear::new(k, n, true);
     allocate(&mut lin, 3).unwrap();
-    lin.set_position(
-        &LinearSite {
-            path: path.into(),
-            layer: Some(0),
-        },
-        0,
-        9,
-    );
+    lin.set_position(&LinearSite::new(path, Some(0)), 0, 9);
     lin
 }
 
