@@ -152,7 +152,8 @@ use proc_macro::TokenStream;
 ///
 /// ```ignore
 /// impl PrecisionModel for R {
-///     // The allow-list: the recipe kinds the schedule names, in phase order.
+///     // The allow-list: every recipe the schedule's GEMMs use (per-GEMM
+///     // overrides included), in phase order, without repeats.
 ///     const RECIPES: &'static [RecipeKind] = &[RecipeKind::Mxfp4, RecipeKind::Fp8];
 ///     // A `static` whose phases are constant data the macro validated at
 ///     // compile time (a RON file is read and checked then, too): nothing is
