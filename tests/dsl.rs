@@ -483,3 +483,97 @@ fn generic_structs_get_a_plan() {
         [RecipeKind::Fp8]
     );
 }
+
+// Per-GEMM precision (SPEC section 4a): the forward in BF16 late in
+// training, then the backward in FP8, each a phase of its own.
+model!(
+    #[precision(schedule = [
+        mxfp4 @ 0,
+        mxfp4(fprop = bf16) @ 12000,
+        mxfp4(dgrad = fp8, wgrad = fp8) @ 15000,
+    ])]
+    PerGemm
+);
+model!(
+    #[precision(config = "tests/configs/per_gemm.ron")]
+    PerGemmFromConfig
+);
+
+#[test]
+fn per_gemm_phases_in_the_attribute_are_switches() {
+    assert_eq!(
+        PerGemm::SCHEDULE_TEXT,
+        "[mxfp4 @ 0, mxfp4(fprop = bf16) @ 12000, mxfp4(dgrad = fp8, wgrad = fp8) @ 15000], \
+         layers_per_iter = 0, order = deep_to_shallow"
+    );
+    // The recipes the GEMMs use are the ones the attribute names.
+    assert_eq!(
+        PerGemm::RECIPES,
+        [RecipeKind::Mxfp4, RecipeKind::Bf16, RecipeKind::Fp8]
+    );
+    let mut model = PerGemm::new(DEPTH);
+    model.apply(11999);
+    let mxfp4 = Recipe::new(RecipeKind::Mxfp4);
+    assert_eq!(model.blocks[0].qkv.recipe, mxfp4);
+    // A phase that changes only the forward GEMM is a switch like any other.
+    let report = model.apply(12000);
+    assert_eq!(
+        report.to_string(),
+        "57/57 layers (116/116 linears) now mxfp4(fprop = bf16) at iteration 12000"
+    );
+    assert_eq!(report.changed, 116);
+    let r = model.tail[1].proj.recipe;
+    assert_eq!(
+        (r.kind, r.fprop),
+        (RecipeKind::Mxfp4, Some(RecipeKind::Bf16))
+    );
+    assert!(r.spec().fprop.is_bf16() && !r.spec().dgrad.is_bf16());
+    assert_eq!(r.saved_bytes_per_element(), 0.53125);
+    model.apply(15000);
+    let r = model.img_in.recipe;
+    assert_eq!(r.to_string(), "mxfp4(dgrad = fp8, wgrad = fp8)");
+    assert_eq!(r.saved_bytes_per_element(), 1.0);
+}
+
+#[test]
+fn per_gemm_phases_in_a_ron_file_match_the_attribute() {
+    assert_eq!(*PerGemmFromConfig::schedule(), *PerGemm::schedule());
+    assert_eq!(PerGemmFromConfig::RECIPES, PerGemm::RECIPES);
+    assert_eq!(PerGemmFromConfig::SCHEDULE_TEXT, PerGemm::SCHEDULE_TEXT);
+}
+
+#[test]
+fn a_run_time_schedule_may_set_per_gemm_options_among_the_named_recipes() {
+    // `Switch` names mxfp4 and fp8: an FP8 backward is allowed, a BF16 forward is not.
+    let schedule = Switch::schedule_from_ron(
+        r#"(phases: [(start: 0, recipe: "mxfp4"), (start: 40, recipe: "mxfp4", options: (dgrad: "fp8", wgrad: "fp8"))])"#,
+    )
+    .unwrap();
+    let mut model = Switch::new(2);
+    let report = model.apply_with(&schedule, 40).unwrap();
+    assert_eq!(
+        report.to_string(),
+        "4/4 layers (10/10 linears) now mxfp4(dgrad = fp8, wgrad = fp8) at iteration 40"
+    );
+    let err = Switch::schedule_from_ron(
+        r#"(phases: [(start: 0, recipe: "mxfp4"), (start: 40, recipe: "mxfp4", options: (fprop: "bf16"))])"#,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("recipe `bf16` is not allowed for this model"),
+        "{err}"
+    );
+    // A phase that changes nothing is refused at run time as in the attribute.
+    let err = PerGemm::schedule_from_ron(
+        r#"(phases: [(start: 0, recipe: "mxfp4"), (start: 40, recipe: "mxfp4", options: (scale: "even"))])"#,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains(
+            "phases[1].recipe: phase `mxfp4 @ 40` resolves to `mxfp4`, the recipe already running"
+        ),
+        "{err}"
+    );
+}

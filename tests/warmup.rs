@@ -6,6 +6,7 @@ use mxswitch::models::flux::{Flux, FluxInput, RunConfig, SyntheticData};
 use mxswitch::runtime::module::{allocate, optimizer_step, Parameters};
 use mxswitch::runtime::ops::mse_loss;
 use mxswitch::runtime::optim::{AdamW, AdamWConfig};
+use mxswitch::runtime::schedule_config::ToSchedule;
 use mxswitch::runtime::warmup::warmup;
 use mxswitch::runtime::{DType, ParamId, Result, Tensor};
 

@@ -2,6 +2,8 @@
 //! and the annotated struct with its field marks. Every piece keeps its
 //! tokens so an error can point at them.
 
+use std::fmt;
+
 use proc_macro2::TokenTree;
 use quote::quote;
 use syn::{Expr, Generics, Ident, LitStr, Type};
@@ -34,6 +36,22 @@ pub struct Keyed<T> {
 pub struct RecipeSpec {
     pub name: Ident,
     pub options: Vec<OptionSpec>,
+}
+
+impl fmt::Display for RecipeSpec {
+    /// The recipe as written, `mxfp4(scale = even)`, for messages.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.name)?;
+        if self.options.is_empty() {
+            return Ok(());
+        }
+        let opts: Vec<String> = self
+            .options
+            .iter()
+            .map(|o| format!("{} = {}", o.key, o.value))
+            .collect();
+        write!(f, "({})", opts.join(", "))
+    }
 }
 
 /// `scale = rceil` inside a recipe's parentheses.

@@ -12,9 +12,12 @@ use proc_macro2::{Span, TokenTree};
 use quote::ToTokens;
 use syn::{Expr, Lit, UnOp};
 
+pub use mxswitch_recipes::suggest;
+use mxswitch_recipes::{check_phases, At, Order, Phase, PhaseAt, Recipe};
+
 use crate::ast::{Input, Keyed, PhaseSpec, PrecisionAttr, RecipeSpec};
 use crate::config;
-use crate::symbol::{self, Family, Named, OptionKey, RecipeName, Takes};
+use crate::symbol;
 
 /// Collects every error of one expansion.
 #[derive(Default)]
@@ -47,17 +50,6 @@ impl Ctxt {
     }
 }
 
-/// The closest candidate to a misspelt `word`, if one is close enough to be
-/// what was meant (Levenshtein distance at most 2 and less than the word).
-pub fn suggest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
-    candidates
-        .into_iter()
-        .map(|c| (strsim::levenshtein(word, c), c))
-        .filter(|&(d, _)| d <= 2 && d < word.len())
-        .min_by_key(|&(d, _)| d)
-        .map(|(_, c)| c)
-}
-
 /// What an annotated struct is, once checked.
 pub enum Role {
     /// `#[precision(layer)]`: one plan layer.
@@ -66,51 +58,14 @@ pub enum Role {
     Root(Schedule),
 }
 
-/// A checked schedule (SPEC section 5): phases with strictly increasing
-/// starts, the first at 0.
+/// A checked schedule (SPEC section 5): the rules of
+/// `mxswitch_recipes::check_phases` hold.
 pub struct Schedule {
     pub phases: Vec<Phase>,
     pub layers_per_iter: u64,
-    pub order: &'static Named,
+    pub order: Order,
     /// The RON file the schedule came from, to rebuild when it changes.
     pub config: Option<PathBuf>,
-}
-
-pub struct Phase {
-    pub start: u64,
-    pub recipe: Recipe,
-}
-
-/// A recipe with the options written for it, in the order of
-/// [`symbol::OPTIONS`]; options left out keep the runtime's defaults.
-#[derive(PartialEq, Eq)]
-pub struct Recipe {
-    pub name: &'static RecipeName,
-    pub options: Vec<(&'static OptionKey, OptionValue)>,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum OptionValue {
-    Bool(bool),
-    Scale(&'static Named),
-}
-
-impl fmt::Display for Recipe {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name.name)?;
-        if self.options.is_empty() {
-            return Ok(());
-        }
-        let opts: Vec<String> = self
-            .options
-            .iter()
-            .map(|(k, v)| match v {
-                OptionValue::Bool(b) => format!("{} = {b}", k.name),
-                OptionValue::Scale(s) => format!("{} = {}", k.name, s.name),
-            })
-            .collect();
-        write!(f, "({})", opts.join(", "))
-    }
 }
 
 impl fmt::Display for Schedule {
@@ -126,152 +81,9 @@ impl fmt::Display for Schedule {
             "[{}], layers_per_iter = {}, order = {}",
             phases.join(", "),
             self.layers_per_iter,
-            self.order.name
+            self.order
         )
     }
-}
-
-/// Look a recipe up by name, suggesting the closest on a typo.
-pub fn recipe_name(name: &str) -> Result<&'static RecipeName, String> {
-    if let Some(r) = symbol::RECIPES.iter().find(|r| r.name == name) {
-        return Ok(r);
-    }
-    let names = symbol::RECIPES.map(|r| r.name);
-    Err(match suggest(name, names) {
-        Some(near) => format!("unknown recipe `{name}`; did you mean `{near}`?"),
-        None => format!(
-            "unknown recipe `{name}`; expected one of {}",
-            names.join(", ")
-        ),
-    })
-}
-
-/// Whether an option error is about its key or its value (where the caret goes).
-pub enum OptionError {
-    Key(String),
-    Value(String),
-}
-
-/// Check `key = value` against the recipe it is written on (SPEC section 4).
-pub fn recipe_option(
-    recipe: &RecipeName,
-    key: &str,
-    value: &str,
-) -> Result<(&'static OptionKey, OptionValue), OptionError> {
-    let Some(opt) = symbol::OPTIONS.iter().find(|o| o.name == key) else {
-        let own: Vec<&str> = symbol::OPTIONS
-            .iter()
-            .filter(|o| o.family == recipe.family)
-            .map(|o| o.name)
-            .collect();
-        let hint = match suggest(key, symbol::OPTIONS.iter().map(|o| o.name)) {
-            Some(near) => format!("; did you mean `{near}`?"),
-            None => String::new(),
-        };
-        let takes = if own.is_empty() {
-            format!("recipe `{}` takes no options", recipe.name)
-        } else {
-            format!("recipe `{}` takes {}", recipe.name, own.join(", "))
-        };
-        return Err(OptionError::Key(format!(
-            "unknown recipe option `{key}`{hint} {takes}"
-        )));
-    };
-    if opt.family != recipe.family {
-        let takes = match recipe.family {
-            Family::Bf16 => "; bf16 takes no options".to_string(),
-            _ => String::new(),
-        };
-        return Err(OptionError::Key(format!(
-            "option `{key}` does not apply to recipe `{}`: it applies to {}{takes}",
-            recipe.name,
-            opt.family.describe()
-        )));
-    }
-    let parsed = match opt.takes {
-        Takes::Bool => match value {
-            "true" => Some(OptionValue::Bool(true)),
-            "false" => Some(OptionValue::Bool(false)),
-            _ => None,
-        },
-        Takes::Scale => symbol::SCALE_MODES
-            .iter()
-            .find(|s| s.name == value)
-            .map(OptionValue::Scale),
-    };
-    parsed.map(|v| (opt, v)).ok_or_else(|| {
-        OptionError::Value(match opt.takes {
-            Takes::Bool => format!("option `{key}` takes true or false, not `{value}`"),
-            Takes::Scale => format!(
-                "option `{key}` takes {}, not `{value}`",
-                symbol::SCALE_MODES.map(|s| s.name).join(", ")
-            ),
-        })
-    })
-}
-
-/// Look a ramp order up by name.
-pub fn order_name(name: &str) -> Result<&'static Named, String> {
-    symbol::ORDERS
-        .iter()
-        .find(|o| o.name == name)
-        .ok_or_else(|| {
-            format!(
-                "unknown order `{name}`; expected {}",
-                symbol::ORDERS.map(|o| o.name).join(" or ")
-            )
-        })
-}
-
-/// A rule broken by phase `index` of a schedule.
-pub struct PhaseError {
-    pub index: usize,
-    /// Whether the start (else the recipe) is at fault.
-    pub start: bool,
-    pub message: String,
-}
-
-/// The first phase starts at 0, starts increase strictly, and each phase
-/// changes the recipe.
-pub fn phase_errors(phases: &[Phase]) -> Vec<PhaseError> {
-    let mut errors = Vec::new();
-    if let Some(first) = phases.first() {
-        if first.start != 0 {
-            errors.push(PhaseError {
-                index: 0,
-                start: true,
-                message: format!(
-                    "the first phase must start at iteration 0: write `{} @ 0`",
-                    first.recipe
-                ),
-            });
-        }
-    }
-    for (i, w) in phases.windows(2).enumerate() {
-        let (prev, next) = (&w[0], &w[1]);
-        if next.start <= prev.start {
-            errors.push(PhaseError {
-                index: i + 1,
-                start: true,
-                message: format!(
-                    "schedule phases out of order: `{} @ {}` must start after `{} @ {}`; \
-                     list phases by increasing iteration",
-                    next.recipe, next.start, prev.recipe, prev.start
-                ),
-            });
-        } else if next.recipe == prev.recipe {
-            errors.push(PhaseError {
-                index: i + 1,
-                start: false,
-                message: format!(
-                    "phase `{} @ {}` switches to `{}`, the recipe already running; \
-                     name a different recipe or remove the phase",
-                    next.recipe, next.start, prev.recipe
-                ),
-            });
-        }
-    }
-    errors
 }
 
 /// Check the attribute against the struct; `None` when something is wrong
@@ -296,7 +108,7 @@ pub fn check(attr: &PrecisionAttr, input: &Input, cx: &Ctxt) -> Option<Role> {
     };
     let order = match &attr.order {
         Some(k) => resolve_order(&k.value, cx),
-        None => Some(&symbol::ORDERS[0]),
+        None => Some(Order::default()),
     };
     let phases = phases?;
     if phases.len() == 1 {
@@ -435,12 +247,20 @@ fn switch_phases(attr: &PrecisionAttr, cx: &Ctxt) -> Option<Vec<Phase>> {
             let start = switch_at(&at.value, target.as_ref(), cx);
             if let (Some(first), Some(target)) = (&first, &target) {
                 if first == target {
+                    // Recipes compare by what they resolve to; say so when
+                    // the spelling hides it (`mxfp4(scale = even)` is `mxfp4`).
+                    let written = to.value.to_string();
+                    let resolved = if written == target.to_string() {
+                        String::new()
+                    } else {
+                        format!(" once resolved (`{target}`)")
+                    };
                     cx.error_spanned_by(
                         &to.value.name,
                         format!(
-                            "`switch_to = {target}` switches to the recipe the model starts \
-                             with; name a different recipe (for example `fp8`) or remove \
-                             `switch_to` and `at`"
+                            "`switch_to = {written}` switches to the recipe the model starts \
+                             with{resolved}; name a different recipe (for example `fp8`) or \
+                             remove `switch_to` and `at`"
                         ),
                     );
                 }
@@ -510,52 +330,39 @@ fn schedule_phases(
     if !complete {
         return None;
     }
-    let errors = phase_errors(&phases);
+    let errors = check_phases(&phases);
     for e in &errors {
-        let spec = &list.value[e.index];
-        if e.start {
-            cx.error_spanned_by(&spec.start, &e.message);
-        } else {
-            cx.error_spanned_by(&spec.recipe.name, &e.message);
+        match e.at {
+            PhaseAt::List => cx.error_spanned_by(&list.key, &e.message),
+            PhaseAt::Start(i) => cx.error_spanned_by(&list.value[i].start, &e.message),
+            PhaseAt::Recipe(i) => cx.error_spanned_by(&list.value[i].recipe.name, &e.message),
         }
     }
     errors.is_empty().then_some(phases)
 }
 
-/// A recipe and its options.
+/// A recipe and its options, checked against the recipe table; each error
+/// points at the name, key or value it is about.
 fn recipe(spec: &RecipeSpec, cx: &Ctxt) -> Option<Recipe> {
-    let name = match recipe_name(&spec.name.to_string()) {
-        Ok(name) => name,
-        Err(msg) => {
-            cx.error_spanned_by(&spec.name, msg);
-            return None;
-        }
-    };
-    let mut options: Vec<(&'static OptionKey, OptionValue)> = Vec::new();
-    let mut ok = true;
-    for opt in &spec.options {
-        let key = opt.key.to_string();
-        match recipe_option(name, &key, &opt.value.to_string()) {
-            Ok((k, _)) if options.iter().any(|(seen, _)| *seen == k) => {
-                cx.error_spanned_by(
-                    &opt.key,
-                    format!("duplicate option `{key}`: it is already set; remove one of them"),
-                );
-                ok = false;
+    let text: Vec<(String, String)> = spec
+        .options
+        .iter()
+        .map(|o| (o.key.to_string(), o.value.to_string()))
+        .collect();
+    let pairs: Vec<(&str, &str)> = text.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    match Recipe::from_parts(&spec.name.to_string(), &pairs) {
+        Ok(recipe) => Some(recipe),
+        Err(errors) => {
+            for e in errors {
+                match e.at {
+                    At::Whole | At::Name => cx.error_spanned_by(&spec.name, e),
+                    At::Key(i) => cx.error_spanned_by(&spec.options[i].key, e),
+                    At::Value(i) => cx.error_spanned_by(&spec.options[i].value, e),
+                }
             }
-            Ok(kv) => options.push(kv),
-            Err(OptionError::Key(msg)) => {
-                cx.error_spanned_by(&opt.key, msg);
-                ok = false;
-            }
-            Err(OptionError::Value(msg)) => {
-                cx.error_spanned_by(&opt.value, msg);
-                ok = false;
-            }
+            None
         }
     }
-    options.sort_by_key(|(k, _)| symbol::OPTIONS.iter().position(|o| o == *k));
-    ok.then_some(Recipe { name, options })
 }
 
 /// An integer literal, as the keys that take iterations and counts need.
@@ -641,8 +448,8 @@ fn phase_start(expr: &Expr, cx: &Ctxt) -> Option<u64> {
     }
 }
 
-fn resolve_order(value: &TokenTree, cx: &Ctxt) -> Option<&'static Named> {
-    match order_name(&value.to_string()) {
+fn resolve_order(value: &TokenTree, cx: &Ctxt) -> Option<Order> {
+    match Order::from_name(&value.to_string()) {
         Ok(order) => Some(order),
         Err(msg) => {
             cx.error_spanned_by(value, msg);

@@ -1,113 +1,68 @@
 //! RON schedule files read at run time (SPEC section 5): a config or the
-//! command line may move switches, change the ramp and set recipe options.
+//! command line may move switches, change the ramp and set recipe options,
+//! per-GEMM ones included.
 //!
 //! ```text
 //! (
 //!     phases: [
 //!         (start: 0, recipe: "mxfp4", options: (scale: "rceil", sr: true)),
-//!         (start: 12000, recipe: "fp8"),
+//!         (start: 12000, recipe: "mxfp4", options: (fprop: "bf16")),
+//!         (start: 15000, recipe: "fp8"),
 //!     ],
 //!     layers_per_iter: 0,            // optional, default 0
 //!     order: "deep_to_shallow",      // optional, default deep_to_shallow
 //! )
 //! ```
 //!
-//! `#[precision(config = "...")]` reads the same format at compile time with
-//! its own copy of these structs (a proc-macro crate cannot share code with
-//! the runtime). Whether a schedule names only a model's compiled-in recipes
-//! is checked by [`crate::plan::check_schedule`].
+//! The format and its rules are `mxswitch_recipes`', which
+//! `#[precision(config = "...")]` reads at compile time too, so both accept
+//! the same files. Whether a schedule names only a model's compiled-in
+//! recipes is checked by [`crate::plan::check_schedule`].
 
-use serde::{Deserialize, Serialize};
+pub use mxswitch_recipes::{PhaseConfig, RecipeOptions, ScheduleConfig};
 
-use crate::recipe::{Recipe, RecipeKind};
 use crate::ron_span::{Position, RonSource};
-use crate::schedule::{Order, Phase, Schedule};
+use crate::schedule::Schedule;
 use crate::{Error, Result};
 
-/// A schedule file, field for field.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct ScheduleConfig {
-    pub phases: Vec<PhaseConfig>,
-    /// Plan layers converted per iteration after a switch; 0 converts all at once.
-    #[serde(default)]
-    pub layers_per_iter: u64,
-    /// `deep_to_shallow` or `shallow_to_deep`; `None` is the default order.
-    #[serde(default)]
-    pub order: Option<String>,
-}
-
-/// One phase: from iteration `start` on, `recipe` (a SPEC name) is the target.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct PhaseConfig {
-    pub start: u64,
-    pub recipe: String,
-    #[serde(default)]
-    pub options: RecipeOptions,
-}
-
-/// The recipe options of SPEC section 4; unset keys keep the recipe's defaults.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RecipeOptions {
-    pub scale: Option<String>,
-    pub sr: Option<bool>,
-    pub hadamard: Option<bool>,
-    pub tile2d: Option<bool>,
-    pub pow2: Option<bool>,
-}
-
-impl ScheduleConfig {
-    /// Parse RON text. A syntax error, an unknown key or a value of the wrong
-    /// type names its line and column.
-    pub fn from_ron(text: &str) -> Result<Self> {
-        // `implicit_some` lets optional keys be written `sr: true`, not `sr: Some(true)`.
-        ron::Options::default()
-            .with_default_extension(ron::extensions::Extensions::IMPLICIT_SOME)
-            .from_str(text)
-            .map_err(|e| syntax_error(&RonSource::unnamed(SCHEDULE_CONFIG, text), &e))
-    }
-
+/// A [`ScheduleConfig`] checked into a [`Schedule`].
+pub trait ToSchedule {
     /// The checked schedule: known recipes, options that apply to them, and
-    /// phases in order with the first at 0. Errors name the field
-    /// (`phases[1].recipe`) but no position: see [`Self::to_schedule_in`].
-    pub fn to_schedule(&self) -> Result<Schedule> {
-        self.resolve(None)
-    }
+    /// the phase rules. Errors name the field (`phases[1].recipe`) but no
+    /// position: see [`Self::to_schedule_in`].
+    fn to_schedule(&self) -> Result<Schedule>;
 
     /// As [`Self::to_schedule`], for a schedule parsed from `src` at key path
     /// `at` (`schedule` inside a run config, `""` for a schedule file):
     /// errors start with the bad value's `origin:line:column`.
-    pub fn to_schedule_in(&self, src: &RonSource, at: &str) -> Result<Schedule> {
-        self.resolve(Some((src, at)))
+    fn to_schedule_in(&self, src: &RonSource, at: &str) -> Result<Schedule>;
+}
+
+impl ToSchedule for ScheduleConfig {
+    fn to_schedule(&self) -> Result<Schedule> {
+        resolve(self, None)
     }
 
-    fn resolve(&self, src: Option<(&RonSource, &str)>) -> Result<Schedule> {
-        let fail = |field: String, e: Error| {
-            let reason = reason(e);
-            Error::Config(match src {
-                Some((src, at)) => {
-                    let path = join_path(at, &field);
-                    format!("{}: {path}: {reason}", src.place(&path))
-                }
-                None => format!("{SCHEDULE_CONFIG}: {field}: {reason}"),
-            })
-        };
-        let mut phases = Vec::with_capacity(self.phases.len());
-        for (i, p) in self.phases.iter().enumerate() {
-            let phase = p
-                .recipe()
-                .map_err(|(key, e)| fail(format!("phases[{i}].{key}"), e))?;
-            phases.push(phase);
-        }
-        let order = match &self.order {
-            Some(name) => Order::from_name(name).map_err(|e| fail("order".into(), e))?,
-            None => Order::default(),
-        };
-        let misplaced = misplaced_phase(&phases);
-        Schedule::new(phases, self.layers_per_iter, order).map_err(|e| fail(misplaced, e))
+    fn to_schedule_in(&self, src: &RonSource, at: &str) -> Result<Schedule> {
+        resolve(self, Some((src, at)))
     }
+}
+
+/// The first error of the config, placed in its text when there is one.
+fn resolve(cfg: &ScheduleConfig, src: Option<(&RonSource, &str)>) -> Result<Schedule> {
+    let checked = cfg.check().map_err(|errors| {
+        let Some(e) = errors.into_iter().next() else {
+            return Error::Config(format!("{SCHEDULE_CONFIG}: rejected"));
+        };
+        Error::Config(match src {
+            Some((src, at)) => {
+                let path = join_path(at, &e.path);
+                format!("{}: {path}: {}", src.place(&path), e.message)
+            }
+            None => format!("{SCHEDULE_CONFIG}: {e}"),
+        })
+    })?;
+    Schedule::new(checked.phases, checked.layers_per_iter, checked.order)
 }
 
 /// How errors name a schedule text that came without a file name.
@@ -131,66 +86,20 @@ fn join_path(at: &str, field: &str) -> String {
     }
 }
 
-/// The start that [`Schedule::new`] rejects in `phases`, as a key path, so
-/// that its error can point there.
-fn misplaced_phase(phases: &[Phase]) -> String {
-    match phases.first() {
-        None => "phases".into(),
-        Some(first) if first.start != 0 => "phases[0].start".into(),
-        Some(_) => phases
-            .windows(2)
-            .position(|w| w[1].start <= w[0].start)
-            .map_or("phases".into(), |i| format!("phases[{}].start", i + 1)),
-    }
-}
-
-impl PhaseConfig {
-    /// The phase, or the key (`recipe`, `options.sr`) whose value is wrong.
-    fn recipe(&self) -> std::result::Result<Phase, (&'static str, Error)> {
-        let kind = RecipeKind::from_name(&self.recipe).map_err(|e| ("recipe", e))?;
-        let mut recipe = Recipe::new(kind);
-        let o = &self.options;
-        if let Some(scale) = &o.scale {
-            recipe = recipe
-                .with_option("scale", scale)
-                .map_err(|e| ("options.scale", e))?;
-        }
-        for (key, path, value) in [
-            ("sr", "options.sr", o.sr),
-            ("hadamard", "options.hadamard", o.hadamard),
-            ("tile2d", "options.tile2d", o.tile2d),
-            ("pow2", "options.pow2", o.pow2),
-        ] {
-            if let Some(value) = value {
-                recipe = recipe
-                    .with_option(key, if value { "true" } else { "false" })
-                    .map_err(|e| (path, e))?;
-            }
-        }
-        Ok(Phase {
-            start: self.start,
-            recipe,
-        })
-    }
-}
-
-/// The message of an error, without the variant's own prefix.
-fn reason(e: Error) -> String {
-    match e {
-        Error::InvalidOption(msg) | Error::Config(msg) => msg,
-        other => other.to_string(),
-    }
-}
-
 /// Parse and check a RON schedule file's text; errors name their line and column.
 pub fn schedule_from_ron(text: &str) -> Result<Schedule> {
-    ScheduleConfig::from_ron(text)?.to_schedule_in(&RonSource::unnamed(SCHEDULE_CONFIG, text), "")
+    let src = RonSource::unnamed(SCHEDULE_CONFIG, text);
+    ScheduleConfig::from_ron(text)
+        .map_err(|e| syntax_error(&src, &e))?
+        .to_schedule_in(&src, "")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::quant::ScaleMode;
+    use crate::recipe::{Gemm, Recipe, RecipeKind};
+    use crate::schedule::Order;
 
     #[test]
     fn parses_the_spec_example() {
@@ -293,5 +202,58 @@ mod tests {
             let e = run(schedule);
             assert!(e.starts_with(want), "{schedule}: {e}");
         }
+    }
+
+    /// SPEC section 4a in a schedule file: per-GEMM options, and the phase
+    /// rules the attribute applies (a phase that changes nothing is refused).
+    #[test]
+    fn per_gemm_options_and_the_attribute_rules() {
+        let s = schedule_from_ron(
+            r#"(phases: [(start: 0, recipe: "mxfp4"), (start: 40, recipe: "mxfp4", options: (fprop: "bf16")), (start: 80, recipe: "mxfp4", options: (dgrad: "fp8", wgrad: "fp8"))])"#,
+        )
+        .unwrap();
+        let late = s.phases()[1].recipe;
+        assert_eq!(late.to_string(), "mxfp4(fprop = bf16)");
+        assert_eq!(late.gemm_kind(Gemm::Fprop), RecipeKind::Bf16);
+        assert_eq!(late.saved_bytes_per_element(), 0.53125);
+        assert_eq!(
+            s.phases()[2].recipe.to_string(),
+            "mxfp4(dgrad = fp8, wgrad = fp8)"
+        );
+        assert_eq!(s.phases()[2].recipe.saved_bytes_per_element(), 1.0);
+
+        let cases = [
+            (
+                "(phases: [(start: 0, recipe: \"mxfp4\"),\n (start: 100, recipe: \"mxfp4\", options: (scale: \"even\"))])",
+                "schedule config, line 2, column 15: phases[1].recipe: phase `mxfp4 @ 100` resolves to `mxfp4`, the recipe already running",
+            ),
+            (
+                "(phases: [(start: 0, recipe: \"mxfp4\",\n options: (fprop: \"mxfp4\"))])",
+                "schedule config, line 2, column 12: phases[0].options.fprop: `fprop = mxfp4` changes nothing",
+            ),
+            (
+                "(phases: [(start: 0, recipe: \"fp8\",\n options: (wgrad: \"mxfp9\"))])",
+                "schedule config, line 2, column 12: phases[0].options.wgrad: option `wgrad` takes a recipe name: unknown recipe `mxfp9`",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = schedule_from_ron(text).unwrap_err().to_string();
+            assert!(e.starts_with(want), "{text}: {e}");
+        }
+        // The same schedule built in code is refused alike.
+        let mx = Recipe::new(RecipeKind::Mxfp4);
+        let even = mx.with_option("scale", "even").unwrap();
+        let phases = vec![
+            crate::schedule::Phase {
+                start: 0,
+                recipe: mx,
+            },
+            crate::schedule::Phase {
+                start: 100,
+                recipe: even,
+            },
+        ];
+        let e = Schedule::new(phases, 0, Order::default()).unwrap_err();
+        assert!(e.to_string().contains("the recipe already running"), "{e}");
     }
 }

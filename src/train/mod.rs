@@ -22,6 +22,7 @@ use mxswitch_runtime::module::{allocate, optimizer_step, try_visit_params};
 use mxswitch_runtime::ops::mse_loss;
 use mxswitch_runtime::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use mxswitch_runtime::schedule::{Phase, Schedule, SwitchReport};
+use mxswitch_runtime::schedule_config::ToSchedule;
 use mxswitch_runtime::warmup::warmup;
 use mxswitch_runtime::{DType, Device, Error, Result, Tensor};
 

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use mxswitch_runtime::plan::PrecisionModel;
 use mxswitch_runtime::ron_span::RonSource;
-use mxswitch_runtime::schedule_config::{syntax_error, ScheduleConfig};
+use mxswitch_runtime::schedule_config::{syntax_error, ScheduleConfig, ToSchedule};
 use mxswitch_runtime::{Error, Result};
 
 use super::memory;

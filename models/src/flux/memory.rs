@@ -40,6 +40,7 @@
 
 use mxswitch_runtime::module::try_count_params;
 use mxswitch_runtime::recipe::RecipeKind;
+use mxswitch_runtime::schedule_config::ToSchedule;
 use mxswitch_runtime::{Error, Result};
 
 use super::config::RunConfig;

@@ -314,8 +314,8 @@ impl Recipe {
     fn no_op_error(&self, g: Gemm) -> RecipeError {
         let k = self.gemm_kind(g);
         RecipeError::new(format!(
-            "`{g} = {k}` changes nothing: `{}` already runs {g} as `{k}` does; remove it \
-             or name a recipe that differs there",
+            "`{g} = {k}` changes nothing: the {g} of `{}` is already the `{k}` one; remove it \
+             or name a recipe whose {g} differs",
             self.without_overrides()
         ))
     }

@@ -124,8 +124,8 @@ pub fn check_phases(phases: &[Phase]) -> Vec<PhaseError> {
             errors.push(PhaseError {
                 at: PhaseAt::Recipe(i + 1),
                 message: format!(
-                    "phase `{} @ {}` switches to `{}`, the recipe already running; \
-                     name a different recipe or remove the phase",
+                    "phase `{} @ {}` resolves to `{}`, the recipe already running; \
+                     name a recipe that changes a GEMM, or remove the phase",
                     next.recipe, next.start, prev.recipe
                 ),
             });

@@ -1,4 +1,5 @@
 //! The one `match` from a user-facing quantization format to its quantizer.
+//! The MX formats are named and configured as the recipes of the same name.
 
 use std::fmt;
 use std::str::FromStr;
@@ -7,6 +8,7 @@ use super::fp8::{quantize_tensorwise, Fp8Tensor};
 use super::mx::{quantize_mx, MxConfig, MxTensor};
 use super::scale::ScaleMode;
 use crate::formats::ElemFormat;
+use crate::recipe::RecipeKind;
 use crate::{Error, Result};
 
 /// A quantization format as the command line names it.
@@ -30,8 +32,8 @@ impl QuantFormat {
 
     pub const fn name(self) -> &'static str {
         match self {
-            QuantFormat::Mxfp4 => "mxfp4",
-            QuantFormat::Mxfp8 => "mxfp8",
+            QuantFormat::Mxfp4 => RecipeKind::Mxfp4.name(),
+            QuantFormat::Mxfp8 => RecipeKind::Mxfp8.name(),
             QuantFormat::Fp8(ElemFormat::E4M3FN) => "fp8-e4m3",
             QuantFormat::Fp8(ElemFormat::E5M2) => "fp8-e5m2",
             QuantFormat::Fp8(ElemFormat::E4M3FNUZ) => "fp8-e4m3fnuz",
@@ -46,7 +48,8 @@ impl QuantFormat {
         matches!(self, QuantFormat::Mxfp4 | QuantFormat::Mxfp8)
     }
 
-    /// The default scale mode: EVEN for mxfp4, RCEIL for mxfp8 (SPEC section 4).
+    /// The config of the recipe of the same name, as it quantizes
+    /// activations: the recipe table's default scale mode (SPEC section 4).
     pub fn default_config(self) -> Option<MxConfig> {
         match self {
             QuantFormat::Mxfp4 => Some(MxConfig::mxfp4()),

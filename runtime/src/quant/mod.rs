@@ -13,4 +13,4 @@ pub use dispatch::{QuantFormat, Quantized};
 pub use fp8::{amax, amax_to_scale, quantize_tensorwise, Fp8Tensor};
 pub use mx::{quantize_mx, quantize_rows, MxConfig, MxTensor, BLOCK};
 pub use philox::SrKey;
-pub use scale::ScaleMode;
+pub use scale::{scale_byte, ScaleMode};

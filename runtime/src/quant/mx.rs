@@ -14,13 +14,14 @@ use rayon::prelude::*;
 
 use super::hadamard::hadamard16_inplace;
 use super::philox::SrKey;
-use super::scale::ScaleMode;
+use super::scale::{scale_byte, ScaleMode};
 use crate::formats::{e8m0, encode_rne, encode_sr, ElemFormat, MiniFloat};
+use crate::recipe::{mx_config, RecipeKind};
 use crate::simd::with_avx2;
 use crate::{Error, Result};
 
-/// Elements per block, and the side of a 2-D tile.
-pub const BLOCK: usize = 32;
+/// Elements per block, and the side of a 2-D tile: the recipe table's MX block.
+pub const BLOCK: usize = mxswitch_recipes::MX_BLOCK as usize;
 
 /// Blocks handled by one rayon task: large enough to amortise scheduling.
 const BLOCKS_PER_TASK: usize = 2048;
@@ -40,26 +41,18 @@ pub struct MxConfig {
 }
 
 impl MxConfig {
-    /// MXFP4 as the `mxfp4` recipe quantizes activations: EVEN scales, 1x32 blocks.
+    /// MXFP4 as the `mxfp4` recipe quantizes activations (its fprop x):
+    /// 1x32 blocks with the table's default scale mode (EVEN).
     pub const fn mxfp4() -> Self {
-        MxConfig {
-            elem: ElemFormat::E2M1,
-            scale_mode: ScaleMode::Even,
-            tile2d: false,
-            hadamard: false,
-            sr: None,
-        }
+        const X: MxConfig = activation_config(RecipeKind::Mxfp4);
+        X
     }
 
-    /// MXFP8 as the `mxfp8` recipe: E4M3 elements, RCEIL scales, 1x32 blocks.
+    /// MXFP8 as the `mxfp8` recipe quantizes activations: E4M3 elements,
+    /// 1x32 blocks, the table's default scale mode (RCEIL).
     pub const fn mxfp8() -> Self {
-        MxConfig {
-            elem: ElemFormat::E4M3FN,
-            scale_mode: ScaleMode::Rceil,
-            tile2d: false,
-            hadamard: false,
-            sr: None,
-        }
+        const X: MxConfig = activation_config(RecipeKind::Mxfp8);
+        X
     }
 
     fn validate(&self) -> Result<()> {
@@ -74,6 +67,15 @@ impl MxConfig {
     /// Bytes of storage per element: codes plus one scale byte per block.
     pub fn bytes_per_element(&self) -> f64 {
         self.elem.bits() as f64 / 8.0 + 1.0 / BLOCK as f64
+    }
+}
+
+/// The config of `kind`'s fprop x operand, read off the recipe table at
+/// compile time (a row whose x is not MX fails the build).
+const fn activation_config(kind: RecipeKind) -> MxConfig {
+    match mx_config(&kind.row().spec.fprop.a) {
+        Some(cfg) => cfg,
+        None => panic!("the recipe's fprop x is not MX-quantized"),
     }
 }
 
@@ -257,9 +259,7 @@ fn tile_scales(data: &[f32], rows: usize, padded_len: usize, cfg: &MxConfig) -> 
             for r in row0..row1 {
                 m = m.max(amax[r * nb + b].to_bits() as i32);
             }
-            let byte = cfg
-                .scale_mode
-                .scale_byte(f32::from_bits(m as u32), cfg.elem);
+            let byte = scale_byte(cfg.scale_mode, f32::from_bits(m as u32), cfg.elem);
             for r in row0..row1 {
                 bytes[r * nb + b] = byte;
             }
@@ -326,7 +326,7 @@ fn encode_blocks_with<F>(
                     let b = t * BLOCKS_PER_TASK + i;
                     let byte = match fixed {
                         Some(f) => f[b],
-                        None => mode.scale_byte(block_amax(block), elem),
+                        None => scale_byte(mode, block_amax(block), elem),
                     };
                     *s = byte;
                     if byte == e8m0::NAN {

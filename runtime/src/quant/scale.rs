@@ -3,65 +3,34 @@
 //! Each takes the block amax (f32, NaN if any element is NaN) and the element
 //! format and returns the scale byte; 0xFF marks a block holding NaN or Inf.
 
-use std::fmt;
-use std::str::FromStr;
-
 use crate::formats::{e8m0, ElemFormat};
 
-/// How a block's power-of-two scale is chosen from its amax.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ScaleMode {
-    /// OCP MX v1.0: floor(log2 amax) - emax_elem. Large values may saturate.
-    Floor,
-    /// As FLOOR, plus one when amax is not a power of two: never saturates.
-    Ceil,
-    /// Primus-Turbo's production rule: round the amax significand to the
-    /// element's mantissa width first, then FLOOR (E2M1: amax / scale in [3.5, 7)).
-    Even,
-    /// NVIDIA hardware / torchao: amax / max_elem rounded up to a power of two.
-    Rceil,
-}
+/// How a block's power-of-two scale is chosen; the names and the SPEC
+/// defaults live with the recipe table.
+pub use mxswitch_recipes::ScaleMode;
 
-impl ScaleMode {
-    pub const ALL: [ScaleMode; 4] = [
-        ScaleMode::Floor,
-        ScaleMode::Ceil,
-        ScaleMode::Even,
-        ScaleMode::Rceil,
-    ];
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            ScaleMode::Floor => "floor",
-            ScaleMode::Ceil => "ceil",
-            ScaleMode::Even => "even",
-            ScaleMode::Rceil => "rceil",
-        }
+/// The E8M0 scale byte of a block with this amax under `mode`.
+#[inline(always)]
+pub fn scale_byte(mode: ScaleMode, amax: f32, elem: ElemFormat) -> u8 {
+    if !amax.is_finite() {
+        return e8m0::NAN;
     }
-
-    /// The E8M0 scale byte of a block with this amax.
-    #[inline(always)]
-    pub fn scale_byte(self, amax: f32, elem: ElemFormat) -> u8 {
-        if !amax.is_finite() {
-            return e8m0::NAN;
-        }
-        let bits = amax.to_bits();
-        let exp_field = ((bits >> 23) & 0xFF) as i32;
-        match self {
-            ScaleMode::Floor => floor_byte(exp_field - 127, elem),
-            ScaleMode::Ceil => floor_byte(exp_field - 127 + (bits & 0x7F_FFFF != 0) as i32, elem),
-            ScaleMode::Even => {
-                let rounded = bits.wrapping_add(1 << (23 - elem.spec().man_bits - 1)) & 0xFF80_0000;
-                let field = ((rounded >> 23) & 0xFF) as i32;
-                if field == 0xFF {
-                    // Rounding carried amax to Inf: torchao gives the NaN scale.
-                    e8m0::NAN
-                } else {
-                    floor_byte(field - 127, elem)
-                }
+    let bits = amax.to_bits();
+    let exp_field = ((bits >> 23) & 0xFF) as i32;
+    match mode {
+        ScaleMode::Floor => floor_byte(exp_field - 127, elem),
+        ScaleMode::Ceil => floor_byte(exp_field - 127 + (bits & 0x7F_FFFF != 0) as i32, elem),
+        ScaleMode::Even => {
+            let rounded = bits.wrapping_add(1 << (23 - elem.spec().man_bits - 1)) & 0xFF80_0000;
+            let field = ((rounded >> 23) & 0xFF) as i32;
+            if field == 0xFF {
+                // Rounding carried amax to Inf: torchao gives the NaN scale.
+                e8m0::NAN
+            } else {
+                floor_byte(field - 127, elem)
             }
-            ScaleMode::Rceil => rceil_byte(amax * (1.0 / elem.max_value())),
         }
+        ScaleMode::Rceil => rceil_byte(amax * (1.0 / elem.max_value())),
     }
 }
 
@@ -88,24 +57,4 @@ fn rceil_byte(descale: f32) -> u8 {
         man != 0
     };
     (exp_field + up as u32).min(0xFF) as u8
-}
-
-impl fmt::Display for ScaleMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for ScaleMode {
-    type Err = crate::Error;
-    fn from_str(s: &str) -> crate::Result<Self> {
-        ScaleMode::ALL
-            .into_iter()
-            .find(|m| m.name() == s)
-            .ok_or_else(|| {
-                crate::Error::InvalidOption(format!(
-                    "unknown scale mode `{s}`; expected one of floor, ceil, even, rceil"
-                ))
-            })
-    }
 }
