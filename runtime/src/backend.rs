@@ -2,12 +2,20 @@
 //! reference; a CUDA or ROCm backend adds a type implementing these traits and
 //! one arm per method in `storage.rs`, and nothing above the storage changes.
 //!
+//! - [`BackendStorage`] / [`BackendDevice`]: the tensor ops.
+//! - [`LinearBackend`]: quantize, GEMM and column sums, the primitives the
+//!   one quantized linear ([`crate::qlinear`]) is written against.
+//! - [`OptimBackend`]: the AdamW update, so moments stay on the device.
+//!
 //! Layouts passed in may be strided views (transposes, narrows, stride-0
 //! broadcasts); every method returns a new contiguous buffer.
 
-use crate::cpu::CpuStorage;
+use crate::cpu::{CpuOperand, CpuStorage};
+use crate::formats::ElemFormat;
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
-use crate::{DType, Device, Layout, Result, Shape};
+use crate::quant::{MxConfig, SrKey, BLOCK};
+use crate::recipe::{elem_format, OperandSpec, Scaling};
+use crate::{DType, Device, Error, Layout, Result, Shape};
 
 /// A buffer of elements on one device.
 pub trait BackendStorage: Sized + Send + Sync {
@@ -66,4 +74,205 @@ pub trait BackendDevice: Sized + Clone + Send + Sync {
     fn zeros(&self, shape: &Shape, dtype: DType) -> Result<Self::Storage>;
     /// Uploads host data.
     fn storage_from_cpu(&self, data: CpuStorage) -> Result<Self::Storage>;
+}
+
+/// Which axis of a row-major `[rows, cols]` matrix a GEMM reduces over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Along {
+    /// The last, contiguous axis: x and W in fprop, dy in dgrad.
+    Cols,
+    /// The first axis: W in dgrad, dy and x in wgrad.
+    Rows,
+}
+
+/// An operand format in the quantizers' own terms (see [`Want::new`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Format {
+    /// BF16 values (round to nearest even), no scale.
+    Bf16,
+    /// FP8 codes with one f32 scale (SPEC section 3).
+    Tensorwise { elem: ElemFormat, pow2: bool },
+    /// MX blocks of 32 along the reduction axis (SPEC section 2).
+    Mx(MxConfig),
+}
+
+/// One copy of a matrix that a GEMM reads: its format along its reduction axis.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Want {
+    pub format: Format,
+    pub along: Along,
+}
+
+impl Want {
+    /// The quantizer settings of `spec` along `along`; `sr` keys stochastic
+    /// rounding where `spec.sr` asks for it (gradients only: `None` for x
+    /// and W). A spec no quantizer implements (an NVFP4 block of 16, an
+    /// E2M1 tensorwise scale) is an error here, before any backend runs.
+    pub fn new(spec: &OperandSpec, along: Along, sr: Option<SrKey>) -> Result<Want> {
+        if spec.sr && sr.is_none() {
+            return Err(Error::InvalidOption(
+                "stochastic rounding applies to the gradient operands only".into(),
+            ));
+        }
+        let elem = elem_format(spec.elem);
+        let unsupported = || {
+            Error::NotImplemented(format!(
+                "no quantizer for {} elements with {:?} scaling",
+                spec.elem, spec.scaling
+            ))
+        };
+        if spec.sr && !matches!(spec.scaling, Scaling::Mx { .. }) {
+            return Err(Error::NotImplemented(format!(
+                "stochastic rounding of {} with {:?} scaling",
+                spec.elem, spec.scaling
+            )));
+        }
+        let format = match (spec.scaling, elem) {
+            (Scaling::None, None) if !spec.hadamard => Format::Bf16,
+            (Scaling::Tensorwise { pow2 }, Some(elem)) if elem.bits() == 8 && !spec.hadamard => {
+                Format::Tensorwise { elem, pow2 }
+            }
+            (Scaling::Mx { block, mode, tile }, Some(elem)) if block as usize == BLOCK => {
+                Format::Mx(MxConfig {
+                    elem,
+                    scale_mode: mode,
+                    tile2d: tile,
+                    hadamard: spec.hadamard,
+                    sr: if spec.sr { sr } else { None },
+                })
+            }
+            _ => return Err(unsupported()),
+        };
+        Ok(Want { format, along })
+    }
+}
+
+/// A storage packed from element 0: its own buffer when the view already is,
+/// else a packed copy.
+pub enum Packed<'a, B> {
+    Borrowed(&'a B),
+    Owned(B),
+}
+
+impl<B: BackendStorage> Packed<'_, B> {
+    /// The elements of `layout` of `s`, packed row-major.
+    pub fn of<'a>(s: &'a B, layout: &Layout) -> Result<Packed<'a, B>> {
+        let n = layout.shape().elem_count();
+        let len = s.buffer_bytes() / s.dtype().size_in_bytes();
+        if layout.contiguous_range() == Some(0..n) && len == n {
+            Ok(Packed::Borrowed(s))
+        } else {
+            Ok(Packed::Owned(s.copy_strided(layout)?))
+        }
+    }
+}
+
+impl<B> std::ops::Deref for Packed<'_, B> {
+    type Target = B;
+    fn deref(&self) -> &B {
+        match self {
+            Packed::Borrowed(s) => s,
+            Packed::Owned(s) => s,
+        }
+    }
+}
+
+/// The primitives the quantized linear ([`crate::qlinear`]) runs on. A
+/// backend implements these and knows nothing of recipes: the linear turns
+/// a recipe's [`LinearSpec`](crate::recipe::LinearSpec) into [`Want`]s.
+pub trait LinearBackend: BackendStorage + 'static {
+    /// One copy of a matrix, ready for a GEMM or kept for the backward; it
+    /// may read the quantized storage in place for `'a`.
+    type Operand<'a>: Send + Sync
+    where
+        Self: 'a;
+
+    /// Quantizes the packed row-major `[rows, cols]` matrix in `self` (f32
+    /// or BF16) once per entry of `now` (operands of GEMMs about to run)
+    /// and of `keep` (the compact copy saved for the backward), sharing
+    /// passes over the input where the formats allow. `label` names the
+    /// tensor in a non-finite-amax error (SPEC section 3).
+    #[allow(clippy::type_complexity)]
+    fn quantize<'a>(
+        &'a self,
+        rows: usize,
+        cols: usize,
+        now: &[Want],
+        keep: Option<Want>,
+        label: &dyn Fn() -> String,
+    ) -> Result<(Vec<Self::Operand<'a>>, Option<Self::Operand<'static>>)>;
+
+    /// `[rows of a, rows of b]` = a · b^T summed over the reduction axis,
+    /// times both scales, plus `bias` (f32, one per column), as `out` (f32
+    /// or BF16). Kept operands are dequantized here as the GEMM needs them.
+    fn gemm(
+        device: &Self::Device,
+        a: &Self::Operand<'_>,
+        b: &Self::Operand<'_>,
+        bias: Option<&Self>,
+        out: DType,
+    ) -> Result<Self>;
+
+    /// f32 sums of the columns of the packed `[rows, cols]` matrix in `self`.
+    fn column_sums(&self, rows: usize, cols: usize) -> Result<Self>;
+
+    /// Bytes an operand holds, counted as SPEC section 4 does (no padding).
+    fn operand_bytes(op: &Self::Operand<'_>) -> usize;
+
+    /// Elements of the matrix an operand stands for, before padding.
+    fn operand_elements(op: &Self::Operand<'_>) -> usize;
+
+    /// A kept operand on the host, in the CPU backend's form, so two
+    /// backends can be compared byte for byte (waits for the device).
+    fn operand_to_cpu(device: &Self::Device, op: &Self::Operand<'_>) -> Result<CpuOperand>;
+}
+
+/// AdamW's per-step scalars (struct AdamWScalars in `adamw.cu`), computed
+/// once on the host so every backend applies the same f32 values.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWScalars {
+    pub decay: f32,
+    pub b1: f32,
+    pub one_minus_b1: f32,
+    pub b2: f32,
+    pub one_minus_b2: f32,
+    pub step_size: f32,
+    pub bias2_sqrt: f32,
+    pub eps: f32,
+}
+
+/// The optimizer's update, so a parameter on a device is updated there.
+pub trait OptimBackend: BackendStorage {
+    /// One AdamW step: returns the new parameter (of `self`'s dtype) and
+    /// updates the f32 moments `m` and `v` (packed, one per element) in place.
+    fn adamw_step(
+        &self,
+        layout: &Layout,
+        grad: &Self,
+        grad_layout: &Layout,
+        m: &mut Self,
+        v: &mut Self,
+        s: &AdamWScalars,
+    ) -> Result<Self>;
+}
+
+/// Allocator counts of a device, for reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// Allocations the driver made (cache misses).
+    pub device_allocs: u64,
+    /// Allocations served from the cache.
+    pub reuses: u64,
+    /// The most bytes in use at once.
+    pub peak_bytes: u64,
+}
+
+/// What an accelerator says about itself (the CPU has nothing to say).
+pub trait DeviceStatus: BackendDevice {
+    /// Waits for the work queued so far.
+    fn synchronize(&self) -> Result<()>;
+    /// Free and total bytes of the device's memory.
+    fn memory_info(&self) -> Result<(u64, u64)>;
+    fn memory_stats(&self) -> MemoryStats;
 }

@@ -19,45 +19,20 @@ pub enum Device {
 impl Device {
     /// Whether this build can run tensors on the device.
     pub fn is_available(&self) -> bool {
-        match self {
-            Device::Cpu => true,
-            #[cfg(feature = "cuda")]
-            Device::Cuda(i) => crate::cuda::CudaDevice::get(*i).is_ok(),
-            _ => false,
-        }
+        crate::storage::is_available(self)
     }
 
     /// The most memory the device's tensors have held at once in this
     /// process, in bytes (the caching allocator's peak); None on the CPU or
     /// where the device is not open.
     pub fn peak_memory_bytes(&self) -> Option<u64> {
-        match self {
-            #[cfg(feature = "cuda")]
-            Device::Cuda(i) => crate::cuda::CudaDevice::get(*i)
-                .ok()
-                .map(|d| d.context().pool_stats().peak_bytes_in_use as u64),
-            _ => None,
-        }
+        crate::storage::memory_stats(self).map(|s| s.peak_bytes)
     }
 
     /// Free and total bytes of a GPU's memory, for checking that a job fits
     /// before it allocates; `Ok(None)` on the CPU, whose memory is the host's.
     pub fn memory_info(&self) -> crate::Result<Option<(u64, u64)>> {
-        match self {
-            Device::Cpu => Ok(None),
-            #[cfg(feature = "cuda")]
-            Device::Cuda(i) => {
-                let device = crate::cuda::CudaDevice::get(*i)?;
-                let (free, total) = device
-                    .context()
-                    .memory_info()
-                    .map_err(|e| crate::Error::Backend(e.to_string()))?;
-                Ok(Some((free as u64, total as u64)))
-            }
-            other => Err(crate::Error::DeviceUnavailable {
-                device: other.to_string(),
-            }),
-        }
+        crate::storage::memory_info(self)
     }
 }
 

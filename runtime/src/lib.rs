@@ -8,6 +8,7 @@ pub mod linear;
 pub mod module;
 pub mod plan;
 pub mod profile;
+pub mod qlinear;
 pub mod quant;
 pub mod recipe;
 pub mod ron_span;
@@ -21,6 +22,10 @@ pub mod backend;
 mod backprop;
 pub mod cpu;
 #[cfg(feature = "cuda")]
+pub mod cuda;
+/// Without the `cuda` feature: the same names, and no GPU can be opened.
+#[cfg(not(feature = "cuda"))]
+#[path = "no_cuda.rs"]
 pub mod cuda;
 pub mod device;
 pub mod dtype;

@@ -1,18 +1,19 @@
 //! `QuantLinear`: a linear layer whose three GEMMs follow its current recipe.
 //!
-//! This is the dual dispatch of SPEC section 6: `forward` matches on the
-//! recipe the plan assigned and runs that recipe's autograd function. Every
-//! arm is compiled ahead of time; switching is a field write done by
-//! `apply(iteration)`, which touches no parameter and no optimizer state.
-//! The master weight stays f32 and is quantized inside every forward.
+//! SPEC section 6's switch is a field write: `forward` hands the recipe the
+//! plan assigned to the one quantized linear ([`crate::qlinear`]), which
+//! runs it on the backend holding the input. Switching, done by
+//! `apply(iteration)`, touches no parameter and no optimizer state. The
+//! master weight stays f32 and is quantized inside every forward.
 
 use std::sync::Arc;
 
 use crate::module::{linear_slots, Init, ParamSlot, Parameters};
 use crate::ops::{apply_custom, CustomOp};
 use crate::plan::{LinearSite, PlanLinear};
-use crate::recipe::linear::{backward, forward, LinearCtx, LinearShape, Saved};
+use crate::qlinear::{reads_master_weight, LinearCtx, LinearShape};
 use crate::recipe::{Recipe, RecipeKind};
+use crate::storage::{SavedLinear, Storage};
 use crate::{DType, Error, Param, Result, Tensor};
 
 /// A quantized linear of the precision plan (a `#[quantize]` field).
@@ -150,19 +151,13 @@ struct LinearOp {
     index: u64,
 }
 
-/// What the tape keeps: the recipe's saved tensors (in host or device
-/// memory), and the master weight handle for the `bf16` recipe (a shared
-/// reference to the parameter, not a copy).
+/// What the tape keeps: the recipe's saved tensors (in the memory of the
+/// backend that ran the forward), and the master weight handle when the
+/// backward reads it (a shared reference to the parameter, not a copy).
 struct LinearSaved {
-    saved: SavedOn,
+    saved: SavedLinear,
     weight: Option<Tensor>,
     has_bias: bool,
-}
-
-enum SavedOn {
-    Cpu(Saved),
-    #[cfg(feature = "cuda")]
-    Cuda(crate::cuda::linear::SavedDevice),
 }
 
 impl LinearOp {
@@ -175,142 +170,16 @@ impl LinearOp {
         }
     }
 
-    /// An output tensor in the activation dtype.
-    fn activation(&self, values: Vec<f32>, dims: &[usize]) -> Result<Tensor> {
-        let t = Tensor::from_vec(values, dims.to_vec(), &crate::Device::Cpu)?;
-        if self.act_dtype == DType::F32 {
-            Ok(t)
-        } else {
-            t.to_dtype(self.act_dtype)
-        }
-    }
-
     /// dx's shape: the input's.
     fn x_dims(&self) -> Vec<usize> {
         let mut d = self.out_dims.clone();
         *d.last_mut().expect("rank >= 1") = self.shape.k;
         d
     }
+}
 
-    fn forward_cpu(&self, inputs: &[Tensor]) -> Result<(Tensor, SavedOn)> {
-        let x = inputs[0].to_vec_f32()?;
-        let w = inputs[1].to_vec_f32()?;
-        let b = inputs.get(2).map(|b| b.to_vec_f32()).transpose()?;
-        let (y, saved) = forward(&self.recipe, &x, &w, b.as_deref(), self.shape, &self.ctx())?;
-        Ok((self.activation(y, &self.out_dims)?, SavedOn::Cpu(saved)))
-    }
-
-    fn backward_cpu(
-        &self,
-        saved: &Saved,
-        weight: Option<&Tensor>,
-        dy: &Tensor,
-        has_bias: bool,
-    ) -> Result<Vec<Option<Tensor>>> {
-        let w = weight
-            .map(|w| w.to_vec_f32())
-            .transpose()?
-            .unwrap_or_default();
-        let g = backward(
-            &self.recipe,
-            saved,
-            &w,
-            &dy.to_vec_f32()?,
-            has_bias,
-            self.shape,
-            &self.ctx(),
-        )?;
-        let cpu = crate::Device::Cpu;
-        let mut out = vec![
-            Some(self.activation(g.dx, &self.x_dims())?),
-            Some(Tensor::from_vec(g.dw, [self.shape.n, self.shape.k], &cpu)?),
-        ];
-        if let Some(db) = g.db {
-            out.push(Some(Tensor::from_vec(db, [self.shape.n], &cpu)?));
-        }
-        Ok(out)
-    }
-
-    /// The same three GEMMs on the GPU that holds the inputs.
-    #[cfg(feature = "cuda")]
-    fn forward_cuda(&self, inputs: &[Tensor]) -> Result<(Tensor, SavedOn)> {
-        use crate::cuda::bridge::{packed, tensor_from_buffer};
-        let x = packed(&inputs[0])?;
-        let w = packed(&inputs[1])?;
-        let b = inputs.get(2).map(packed).transpose()?;
-        let dev = x.device().clone();
-        let _p = crate::profile::scope("linear forward", inputs[0].device());
-        crate::recipe::linear::count_run(self.recipe.kind);
-        let (y, saved) = crate::cuda::linear::forward(
-            dev.context(),
-            &self.recipe,
-            x.buf(),
-            self.act_dtype,
-            w.buf(),
-            b.as_ref().map(|b| b.buf()),
-            self.shape,
-            &self.ctx(),
-        )
-        .map_err(crate::cuda::storage::backend_err)?;
-        Ok((
-            tensor_from_buffer(&dev, y, self.act_dtype, &self.out_dims)?,
-            SavedOn::Cuda(saved),
-        ))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn backward_cuda(
-        &self,
-        saved: &crate::cuda::linear::SavedDevice,
-        weight: Option<&Tensor>,
-        dy: &Tensor,
-        has_bias: bool,
-    ) -> Result<Vec<Option<Tensor>>> {
-        use crate::cuda::bridge::{packed, tensor_from_buffer};
-        let dy = packed(dy)?;
-        let dev = dy.device().clone();
-        let _p = crate::profile::scope("linear backward", crate::Device::Cuda(dev.ordinal()));
-        let w = weight.map(packed).transpose()?;
-        // Only the bf16 recipe reads W; the others get an empty buffer they ignore.
-        let empty;
-        let w_buf = match &w {
-            Some(w) => w.buf(),
-            None => {
-                empty = dev
-                    .context()
-                    .alloc(16)
-                    .map_err(crate::cuda::storage::backend_err)?;
-                &empty
-            }
-        };
-        crate::recipe::linear::count_run(self.recipe.kind);
-        let g = crate::cuda::linear::backward(
-            dev.context(),
-            &self.recipe,
-            saved,
-            w_buf,
-            dy.buf(),
-            self.act_dtype,
-            has_bias,
-            self.shape,
-            &self.ctx(),
-        )
-        .map_err(crate::cuda::storage::backend_err)?;
-        let (n, k) = (self.shape.n, self.shape.k);
-        let mut out = vec![
-            Some(tensor_from_buffer(
-                &dev,
-                g.dx,
-                self.act_dtype,
-                &self.x_dims(),
-            )?),
-            Some(tensor_from_buffer(&dev, g.dw, DType::F32, &[n, k])?),
-        ];
-        if let Some(db) = g.db {
-            out.push(Some(tensor_from_buffer(&dev, db, DType::F32, &[n])?));
-        }
-        Ok(out)
-    }
+fn view(t: &Tensor) -> (&Storage, &crate::Layout) {
+    (t.storage(), t.layout())
 }
 
 impl CustomOp for LinearOp {
@@ -329,19 +198,17 @@ impl CustomOp for LinearOp {
         inputs: &[Tensor],
         _needs_backward: bool,
     ) -> Result<(Vec<Tensor>, LinearSaved)> {
-        let (y, saved) = match inputs[0].device() {
-            crate::Device::Cpu => self.forward_cpu(inputs)?,
-            #[cfg(feature = "cuda")]
-            crate::Device::Cuda(_) => self.forward_cuda(inputs)?,
-            other => {
-                return Err(Error::DeviceUnavailable {
-                    device: other.to_string(),
-                })
-            }
-        };
-        let weight = (self.recipe.kind == RecipeKind::Bf16).then(|| inputs[1].clone());
+        let (y, saved) = Storage::linear_forward(
+            &self.recipe,
+            view(&inputs[0]),
+            view(&inputs[1]),
+            inputs.get(2).map(view),
+            self.shape,
+            &self.ctx(),
+        )?;
+        let weight = reads_master_weight(&self.recipe).then(|| inputs[1].clone());
         Ok((
-            vec![y],
+            vec![Tensor::untracked(y, self.out_dims.clone().into())],
             LinearSaved {
                 saved,
                 weight,
@@ -351,19 +218,11 @@ impl CustomOp for LinearOp {
     }
 
     fn saved_bytes(&self, saved: &LinearSaved) -> usize {
-        match &saved.saved {
-            SavedOn::Cpu(s) => s.nbytes(),
-            #[cfg(feature = "cuda")]
-            SavedOn::Cuda(s) => s.nbytes(),
-        }
+        saved.saved.nbytes()
     }
 
     fn saved_elements(&self, saved: &LinearSaved) -> usize {
-        match &saved.saved {
-            SavedOn::Cpu(s) => s.elements(),
-            #[cfg(feature = "cuda")]
-            SavedOn::Cuda(s) => s.elements(),
-        }
+        saved.saved.elements()
     }
 
     fn backward(
@@ -374,10 +233,24 @@ impl CustomOp for LinearOp {
         let Some(dy) = &grads[0] else {
             return Ok(vec![None; if saved.has_bias { 3 } else { 2 }]);
         };
-        match &saved.saved {
-            SavedOn::Cpu(s) => self.backward_cpu(s, saved.weight.as_ref(), dy, saved.has_bias),
-            #[cfg(feature = "cuda")]
-            SavedOn::Cuda(s) => self.backward_cuda(s, saved.weight.as_ref(), dy, saved.has_bias),
+        let g = Storage::linear_backward(
+            &self.recipe,
+            &saved.saved,
+            saved.weight.as_ref().map(view),
+            view(dy),
+            saved.has_bias,
+            self.act_dtype,
+            self.shape,
+            &self.ctx(),
+        )?;
+        let (n, k) = (self.shape.n, self.shape.k);
+        let mut out = vec![
+            Some(Tensor::untracked(g.dx, self.x_dims().into())),
+            Some(Tensor::untracked(g.dw, vec![n, k].into())),
+        ];
+        if let Some(db) = g.db {
+            out.push(Some(Tensor::untracked(db, vec![n].into())));
         }
+        Ok(out)
     }
 }

@@ -5,10 +5,9 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-use rayon::prelude::*;
-
-use crate::cpu::PAR_MIN_ELEMS;
-use crate::{Error, Gradients, Param, ParamId, Result, Tensor};
+use crate::backend::AdamWScalars;
+use crate::storage::Storage;
+use crate::{DType, Device, Error, Gradients, Param, ParamId, Result, Shape, Tensor};
 
 /// AdamW hyper-parameters. SPEC section 8 trains Flux with beta1 0.9,
 /// beta2 0.95, eps 1e-8, weight decay 0.1.
@@ -34,60 +33,40 @@ impl Default for AdamWConfig {
     }
 }
 
-/// A moment buffer: on the host, or (feature `cuda`) on the GPU that holds
-/// the parameter, so a GPU parameter's update never leaves the device.
-enum Buf {
-    Host(Vec<f32>),
-    #[cfg(feature = "cuda")]
-    Cuda(crate::cuda::CudaStorage),
-}
+/// A moment buffer: f32, packed, on the device of the parameter's last
+/// step (a checkpoint's moments start on the host and move at that step),
+/// so a GPU parameter's update never leaves the device.
+struct Buf(Storage);
 
 impl Buf {
+    fn zeros(n: usize, device: &Device) -> Result<Buf> {
+        Ok(Buf(Storage::zeros(
+            &Shape::new(vec![n]),
+            DType::F32,
+            device,
+        )?))
+    }
+
     /// A deep copy (a device copy for a GPU buffer).
     fn try_clone(&self) -> Result<Buf> {
-        match self {
-            Buf::Host(v) => Ok(Buf::Host(v.clone())),
-            #[cfg(feature = "cuda")]
-            Buf::Cuda(s) => Ok(Buf::Cuda(crate::cuda::adamw::deep_copy(s)?)),
-        }
+        let n = self.0.buffer_bytes() / 4;
+        Ok(Buf(self.0.copy_strided(&crate::Layout::contiguous(
+            Shape::new(vec![n]),
+        ))?))
     }
 
     /// The values on the host (downloaded from a GPU buffer).
     fn host(&self) -> Result<Cow<'_, [f32]>> {
-        match self {
-            Buf::Host(v) => Ok(Cow::Borrowed(&v[..])),
-            #[cfg(feature = "cuda")]
-            Buf::Cuda(s) => Ok(Cow::Owned(crate::cuda::adamw::download_f32(s)?)),
-        }
+        self.0.host_f32()
     }
 
-    /// The host vector, moving a GPU buffer to the host first.
-    fn host_mut(&mut self) -> Result<&mut Vec<f32>> {
-        #[cfg(feature = "cuda")]
-        if let Buf::Cuda(s) = self {
-            let v = crate::cuda::adamw::download_f32(s)?;
-            *self = Buf::Host(v);
+    /// The storage on `device`, moved there first if it is elsewhere.
+    fn on(&mut self, device: &Device) -> Result<&mut Storage> {
+        if self.0.device() != *device {
+            let host = crate::cpu::CpuStorage::F32(self.host()?.into_owned());
+            self.0 = Storage::from_cpu(host, device)?;
         }
-        match self {
-            Buf::Host(v) => Ok(v),
-            #[cfg(feature = "cuda")]
-            Buf::Cuda(_) => unreachable!("moved to the host above"),
-        }
-    }
-
-    /// The buffer on `dev`, uploading (or moving from another GPU) first.
-    #[cfg(feature = "cuda")]
-    fn cuda_mut(&mut self, dev: &crate::cuda::CudaDevice) -> Result<&mut crate::cuda::CudaStorage> {
-        use crate::backend::BackendStorage;
-        let here = matches!(self, Buf::Cuda(s) if s.device().ordinal() == dev.ordinal());
-        if !here {
-            let host = self.host()?.into_owned();
-            *self = Buf::Cuda(crate::cuda::adamw::upload_f32(dev, &host)?);
-        }
-        match self {
-            Buf::Cuda(s) => Ok(s),
-            Buf::Host(_) => unreachable!("moved to the device above"),
-        }
+        Ok(&mut self.0)
     }
 }
 
@@ -203,8 +182,8 @@ impl AdamW {
             id,
             Moments {
                 step,
-                m: Buf::Host(m),
-                v: Buf::Host(v),
+                m: Buf(Storage::Cpu(crate::cpu::CpuStorage::F32(m))),
+                v: Buf(Storage::Cpu(crate::cpu::CpuStorage::F32(v))),
             },
         );
         Ok(())
@@ -228,27 +207,40 @@ impl AdamW {
                     param.shape()
                 )));
             }
-            #[cfg(feature = "cuda")]
-            if let Some(value) = self.step_cuda(param, grad)? {
-                param.set(value)?;
-                continue;
-            }
-            let mut w = param.to_vec_f32()?;
-            let g = grad.to_vec_f32()?;
-            let n = w.len();
-            let state = self.state.entry(param.id()).or_insert_with(|| Moments {
-                step: 0,
-                m: Buf::Host(vec![0.0; n]),
-                v: Buf::Host(vec![0.0; n]),
-            });
-            let (m, v) = (state.m.host_mut()?, state.v.host_mut()?);
-            state.step += 1;
-            update(&self.config, state.step, &mut w, &g, m, v);
-            let value = Tensor::from_vec(w, param.shape().clone(), &param.device())?
-                .to_dtype(param.dtype())?;
+            let value = self.step_one(param, grad)?;
             param.set(value)?;
         }
         Ok(())
+    }
+
+    /// One parameter's update on its own device (its gradient is moved
+    /// there if it is elsewhere); returns the new value.
+    fn step_one(&mut self, param: &Param, grad: &Tensor) -> Result<Tensor> {
+        let device = param.device();
+        let grad = if grad.device() == device {
+            grad.clone()
+        } else {
+            grad.to_device(&device)?
+        };
+        let n = param.elem_count();
+        let state = match self.state.entry(param.id()) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(Moments {
+                step: 0,
+                m: Buf::zeros(n, &device)?,
+                v: Buf::zeros(n, &device)?,
+            }),
+        };
+        let step = state.step + 1;
+        let scalars = scalars(&self.config, step);
+        let w = param.tensor();
+        let m = state.m.on(&device)?;
+        let v = state.v.on(&device)?;
+        let out =
+            w.storage()
+                .adamw_step(w.layout(), (grad.storage(), grad.layout()), m, v, &scalars)?;
+        state.step = step;
+        Ok(Tensor::untracked(out, param.shape().clone()))
     }
 }
 
@@ -261,95 +253,20 @@ impl Clone for AdamW {
     }
 }
 
-#[cfg(feature = "cuda")]
-impl AdamW {
-    /// The GPU update of a parameter whose gradient is on the same GPU: the
-    /// new value (the moments are updated in place on the device); `None`
-    /// when either is elsewhere, for the host path.
-    fn step_cuda(&mut self, param: &Param, grad: &Tensor) -> Result<Option<Tensor>> {
-        use crate::backend::BackendStorage;
-        use crate::cuda::adamw;
-        use crate::storage::Storage;
-        use crate::Device;
-        let _p = crate::profile::scope("adamw", param.device());
-        match (param.device(), grad.device()) {
-            (Device::Cuda(a), Device::Cuda(b)) if a == b => {}
-            _ => return Ok(None),
-        }
-        let (w, g) = crate::autograd::no_grad(|| -> Result<(Tensor, Tensor)> {
-            Ok((param.tensor().contiguous()?, grad.contiguous()?))
-        })?;
-        let (Storage::Cuda(ws), Storage::Cuda(gs)) = (w.storage(), g.storage()) else {
-            return Ok(None);
-        };
-        let start = |t: &Tensor| t.layout().contiguous_range().map_or(0, |r| r.start);
-        let n = w.elem_count();
-        let dev = ws.device().clone();
-        let id = param.id();
-        let state = match self.state.entry(id) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(Moments {
-                step: 0,
-                m: Buf::Cuda(adamw::zeros_f32(&dev, n)?),
-                v: Buf::Cuda(adamw::zeros_f32(&dev, n)?),
-            }),
-        };
-        let step = state.step + 1;
-        let (step_size, bias2_sqrt, decay) = factors(&self.config, step);
-        let cfg = &self.config;
-        let scalars = adamw::AdamWScalars {
-            decay,
-            b1: cfg.beta1,
-            one_minus_b1: 1.0 - cfg.beta1,
-            b2: cfg.beta2,
-            one_minus_b2: 1.0 - cfg.beta2,
-            step_size,
-            bias2_sqrt,
-            eps: cfg.eps,
-        };
-        let (m, v) = (state.m.cuda_mut(&dev)?, state.v.cuda_mut(&dev)?);
-        let out = adamw::step(ws, start(&w), gs, start(&g), m, v, n, scalars)?;
-        state.step = step;
-        Ok(Some(Tensor::untracked(
-            Storage::Cuda(out),
-            param.shape().clone(),
-        )))
-    }
-}
-
-/// The scalar factors of step `step`: (step_size, bias2_sqrt, decay), in f64
-/// as torch computes them in Python floats (decay in f32).
-fn factors(cfg: &AdamWConfig, step: u64) -> (f32, f32, f32) {
+/// The scalars of step `step`, each computed as torch computes it: the
+/// step size and bias correction in f64 (Python floats), the rest in f32.
+fn scalars(cfg: &AdamWConfig, step: u64) -> AdamWScalars {
     let t = step as i32;
-    let step_size = (f64::from(cfg.lr) / (1.0 - f64::from(cfg.beta1).powi(t))) as f32;
-    let bias2_sqrt = (1.0 - f64::from(cfg.beta2).powi(t)).sqrt() as f32;
-    let decay = 1.0 - cfg.lr * cfg.weight_decay;
-    (step_size, bias2_sqrt, decay)
-}
-
-/// One AdamW step over flat slices, split across threads when large.
-fn update(cfg: &AdamWConfig, step: u64, w: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
-    // Scalar factors in f64, as torch computes them in Python floats.
-    let (step_size, bias2_sqrt, decay) = factors(cfg, step);
-    let (b1, b2, eps) = (cfg.beta1, cfg.beta2, cfg.eps);
-    let kernel = |w: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]| {
-        for (((w, &g), m), v) in w.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-            *w *= decay;
-            *m = b1 * *m + (1.0 - b1) * g;
-            *v = b2 * *v + (1.0 - b2) * g * g;
-            *w -= step_size * *m / (v.sqrt() / bias2_sqrt + eps);
-        }
-    };
-    if w.len() < PAR_MIN_ELEMS {
-        kernel(w, g, m, v);
-        return;
+    AdamWScalars {
+        decay: 1.0 - cfg.lr * cfg.weight_decay,
+        b1: cfg.beta1,
+        one_minus_b1: 1.0 - cfg.beta1,
+        b2: cfg.beta2,
+        one_minus_b2: 1.0 - cfg.beta2,
+        step_size: (f64::from(cfg.lr) / (1.0 - f64::from(cfg.beta1).powi(t))) as f32,
+        bias2_sqrt: (1.0 - f64::from(cfg.beta2).powi(t)).sqrt() as f32,
+        eps: cfg.eps,
     }
-    const CHUNK: usize = 1 << 14;
-    w.par_chunks_mut(CHUNK)
-        .zip(g.par_chunks(CHUNK))
-        .zip(m.par_chunks_mut(CHUNK))
-        .zip(v.par_chunks_mut(CHUNK))
-        .for_each(|(((w, g), m), v)| kernel(w, g, m, v));
 }
 
 /// Scales all gradients by `max_norm / (norm + 1e-6)` when their global L2
@@ -361,41 +278,25 @@ pub fn clip_grad_norm(grads: &mut Gradients, max_norm: f32) -> Result<f32> {
     let mut ids: Vec<ParamId> = grads.iter().map(|(id, _)| id).collect();
     ids.sort_unstable();
     let mut sum_sq = 0f64;
-    // On a GPU, every gradient's sum of squares stays there and all come to
-    // the host in one transfer (one synchronization, not one per gradient);
-    // the same f32 sums are then added in f64 in the same order.
-    let first_device = ids
-        .first()
-        .and_then(|&id| grads.get(id))
-        .map(|g| g.device());
-    let on_one_gpu = matches!(first_device, Some(d) if d != crate::Device::Cpu)
-        && ids
-            .iter()
-            .all(|&id| grads.get(id).map(|g| g.device()) == first_device);
-    if on_one_gpu && ids.len() > 1 {
-        let mut sums = Vec::with_capacity(ids.len());
-        for &id in &ids {
+    // Every gradient's sum of squares stays on its device and all come to
+    // the host in one transfer (one synchronization on a GPU, not one per
+    // gradient); the f32 sums are then added in f64 in id order.
+    let sums = ids
+        .iter()
+        .map(|&id| {
             let g = grads.get(id).expect("id taken from the map");
-            sums.push(
-                g.sqr()?
-                    .sum_all()?
-                    .to_dtype(crate::DType::F32)?
-                    .reshape(1)?,
-            );
-        }
+            g.sqr()?.sum_all()?.to_dtype(DType::F32)?.reshape(1)
+        })
+        .collect::<Result<Vec<Tensor>>>()?;
+    let one_device = sums.windows(2).all(|p| p[0].device() == p[1].device());
+    if one_device && !sums.is_empty() {
         let parts: Vec<&Tensor> = sums.iter().collect();
         for s in Tensor::cat(&parts, 0)?.to_vec_f32()? {
             sum_sq += f64::from(s);
         }
     } else {
-        for &id in &ids {
-            let g = grads.get(id).expect("id taken from the map");
-            sum_sq += f64::from(
-                g.sqr()?
-                    .sum_all()?
-                    .to_dtype(crate::DType::F32)?
-                    .to_scalar_f32()?,
-            );
+        for s in &sums {
+            sum_sq += f64::from(s.to_scalar_f32()?);
         }
     }
     let norm = sum_sq.sqrt() as f32;

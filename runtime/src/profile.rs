@@ -63,15 +63,17 @@ impl Drop for Scope {
     }
 }
 
-#[allow(unused_variables)]
 fn wait(device: Device) {
-    #[cfg(feature = "cuda")]
-    if let Device::Cuda(i) = device {
-        if let Ok(d) = crate::cuda::CudaDevice::get(i) {
-            // A failure here shows up at the operation's own next call.
-            let _ = d.context().synchronize();
-        }
-    }
+    // A failure here shows up at the operation's own next call.
+    let _ = crate::storage::synchronize(&device);
+    let mut seen = timed_device().lock().unwrap_or_else(|p| p.into_inner());
+    seen.get_or_insert(device);
+}
+
+/// The first device an operation was timed on, whose allocator the report shows.
+fn timed_device() -> &'static Mutex<Option<Device>> {
+    static D: OnceLock<Mutex<Option<Device>>> = OnceLock::new();
+    D.get_or_init(|| Mutex::new(None))
 }
 
 /// Forgets the totals so far (for example those of a first step that
@@ -103,18 +105,16 @@ pub fn report() -> Option<String> {
             host * 1e6 / n as f64
         );
     }
-    // Only GPU operations are timed, so there is a device when there are rows.
-    #[cfg(feature = "cuda")]
-    if let Some(d) = (!t.is_empty())
-        .then(|| crate::cuda::CudaDevice::get(0).ok())
-        .flatten()
+    let device = *timed_device().lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((d, st)) = device
+        .filter(|_| !t.is_empty())
+        .and_then(|d| Some((d, crate::storage::memory_stats(&d)?)))
     {
-        let st = d.context().pool_stats();
         out += &format!(
-            "  cuda:0 pool: {} cuMemAlloc calls, {} reuses, peak {:.1} MiB\n",
+            "  {d} pool: {} cuMemAlloc calls, {} reuses, peak {:.1} MiB\n",
             st.device_allocs,
             st.reuses,
-            st.peak_bytes_in_use as f64 / 1048576.0
+            st.peak_bytes as f64 / 1048576.0
         );
     }
     Some(out)

@@ -1,21 +1,30 @@
 //! The single dispatch from an op to the backend that holds the data.
 //!
 //! Every op checks here that its operands share a device and dtype, then
-//! forwards to one [`BackendStorage`] implementation. A GPU backend adds a
-//! variant and one arm per method. Storage is not `Clone`: a copy may fail on
-//! a device that is out of memory, so copies are explicit and fallible.
+//! forwards to one [`BackendStorage`] implementation; the quantized linear,
+//! AdamW and the device queries (availability, memory, synchronization)
+//! dispatch here too, and nowhere else. A GPU backend adds a variant and one
+//! arm per method. A build without the `cuda` feature compiles against a
+//! `cuda` module whose devices cannot be opened, so no `cfg` is needed here.
+//! Storage is not `Clone`: a copy may fail on a device that is out of
+//! memory, so copies are explicit and fallible.
 
-use crate::backend::{BackendDevice, BackendStorage};
+use std::borrow::Cow;
+
+use crate::backend::{
+    AdamWScalars, BackendDevice, BackendStorage, DeviceStatus, LinearBackend, MemoryStats,
+    OptimBackend, Packed,
+};
 use crate::cpu::{CpuDevice, CpuStorage};
-#[cfg(feature = "cuda")]
 use crate::cuda::{CudaDevice, CudaStorage};
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
+use crate::qlinear::{self, Grads, LinearCtx, LinearShape, Saved};
+use crate::recipe::Recipe;
 use crate::{DType, Device, Error, Layout, Result, Shape};
 
 /// A tensor's buffer on its device.
 pub enum Storage {
     Cpu(CpuStorage),
-    #[cfg(feature = "cuda")]
     Cuda(CudaStorage),
 }
 
@@ -24,7 +33,6 @@ impl Storage {
     pub(crate) fn from_cpu(data: CpuStorage, device: &Device) -> Result<Storage> {
         match device {
             Device::Cpu => Ok(Storage::Cpu(CpuDevice.storage_from_cpu(data)?)),
-            #[cfg(feature = "cuda")]
             Device::Cuda(i) => Ok(Storage::Cuda(CudaDevice::get(*i)?.storage_from_cpu(data)?)),
             _ => Err(unavailable(device)),
         }
@@ -33,7 +41,6 @@ impl Storage {
     pub(crate) fn zeros(shape: &Shape, dtype: DType, device: &Device) -> Result<Storage> {
         match device {
             Device::Cpu => Ok(Storage::Cpu(CpuDevice.zeros(shape, dtype)?)),
-            #[cfg(feature = "cuda")]
             Device::Cuda(i) => Ok(Storage::Cuda(CudaDevice::get(*i)?.zeros(shape, dtype)?)),
             _ => Err(unavailable(device)),
         }
@@ -42,7 +49,6 @@ impl Storage {
     pub fn device(&self) -> Device {
         match self {
             Storage::Cpu(s) => s.device().location(),
-            #[cfg(feature = "cuda")]
             Storage::Cuda(s) => s.device().location(),
         }
     }
@@ -50,7 +56,6 @@ impl Storage {
     pub fn dtype(&self) -> DType {
         match self {
             Storage::Cpu(s) => s.dtype(),
-            #[cfg(feature = "cuda")]
             Storage::Cuda(s) => s.dtype(),
         }
     }
@@ -58,7 +63,6 @@ impl Storage {
     pub(crate) fn buffer_bytes(&self) -> usize {
         match self {
             Storage::Cpu(s) => s.buffer_bytes(),
-            #[cfg(feature = "cuda")]
             Storage::Cuda(s) => s.buffer_bytes(),
         }
     }
@@ -67,7 +71,6 @@ impl Storage {
     pub(crate) fn into_cpu_storage(self) -> Result<CpuStorage> {
         match self {
             Storage::Cpu(s) => Ok(s),
-            #[cfg(feature = "cuda")]
             Storage::Cuda(s) => s.to_cpu_storage(),
         }
     }
@@ -88,7 +91,6 @@ impl Storage {
         let _p = crate::profile::scope("copy_strided", self.device());
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(s.copy_strided(layout)?)),
-            #[cfg(feature = "cuda")]
             Storage::Cuda(s) => Ok(Storage::Cuda(s.copy_strided(layout)?)),
         }
     }
@@ -97,7 +99,6 @@ impl Storage {
         let _p = crate::profile::scope("to_dtype", self.device());
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(s.to_dtype(layout, dtype)?)),
-            #[cfg(feature = "cuda")]
             Storage::Cuda(s) => Ok(Storage::Cuda(s.to_dtype(layout, dtype)?)),
         }
     }
@@ -106,7 +107,6 @@ impl Storage {
         let _p = crate::profile::scope("unary", self.device());
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(s.unary(layout, op)?)),
-            #[cfg(feature = "cuda")]
             Storage::Cuda(s) => Ok(Storage::Cuda(s.unary(layout, op)?)),
         }
     }
@@ -115,7 +115,6 @@ impl Storage {
         let _p = crate::profile::scope("affine", self.device());
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(s.affine(layout, mul, add)?)),
-            #[cfg(feature = "cuda")]
             Storage::Cuda(s) => Ok(Storage::Cuda(s.affine(layout, mul, add)?)),
         }
     }
@@ -133,11 +132,9 @@ impl Storage {
             (Storage::Cpu(a), Storage::Cpu(b)) => {
                 Ok(Storage::Cpu(a.binary(layout, b, rhs_layout, op)?))
             }
-            #[cfg(feature = "cuda")]
             (Storage::Cuda(a), Storage::Cuda(b)) => {
                 Ok(Storage::Cuda(a.binary(layout, b, rhs_layout, op)?))
             }
-            #[cfg(feature = "cuda")]
             (a, b) => Err(mixed(op.name(), a, b)),
         }
     }
@@ -146,7 +143,6 @@ impl Storage {
         let _p = crate::profile::scope("reduce", self.device());
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(s.reduce(layout, op, axis)?)),
-            #[cfg(feature = "cuda")]
             Storage::Cuda(s) => Ok(Storage::Cuda(s.reduce(layout, op, axis)?)),
         }
     }
@@ -163,11 +159,9 @@ impl Storage {
             (Storage::Cpu(a), Storage::Cpu(b)) => {
                 Ok(Storage::Cpu(a.matmul(layout, b, rhs_layout)?))
             }
-            #[cfg(feature = "cuda")]
             (Storage::Cuda(a), Storage::Cuda(b)) => {
                 Ok(Storage::Cuda(a.matmul(layout, b, rhs_layout)?))
             }
-            #[cfg(feature = "cuda")]
             (a, b) => Err(mixed("matmul", a, b)),
         }
     }
@@ -186,13 +180,11 @@ impl Storage {
                     .iter()
                     .map(|&(s, l)| match s {
                         Storage::Cpu(c) => Ok((c, l)),
-                        #[cfg(feature = "cuda")]
                         other => Err(mixed("concat", first, other)),
                     })
                     .collect::<Result<Vec<(&CpuStorage, &Layout)>>>()?;
                 Ok(Storage::Cpu(CpuStorage::concat(&cpu, axis)?))
             }
-            #[cfg(feature = "cuda")]
             Storage::Cuda(_) => {
                 let gpu = parts
                     .iter()
@@ -210,7 +202,6 @@ impl Storage {
         let _p = crate::profile::scope("softmax", self.device());
         match self {
             Storage::Cpu(s) => Ok(Storage::Cpu(s.softmax_last_dim(layout)?)),
-            #[cfg(feature = "cuda")]
             Storage::Cuda(s) => Ok(Storage::Cuda(s.softmax_last_dim(layout)?)),
         }
     }
@@ -227,7 +218,6 @@ impl Storage {
                 let (y, rstd) = s.norm_last_dim(layout, eps, rms)?;
                 Ok((Storage::Cpu(y), Storage::Cpu(rstd)))
             }
-            #[cfg(feature = "cuda")]
             Storage::Cuda(s) => {
                 let (y, rstd) = s.norm_last_dim(layout, eps, rms)?;
                 Ok((Storage::Cuda(y), Storage::Cuda(rstd)))
@@ -248,17 +238,273 @@ impl Storage {
             (Storage::Cpu(x), Storage::Cpu(c), Storage::Cpu(s)) => Ok(Storage::Cpu(
                 x.rope_interleaved(layout, c, cos.1, s, sin.1)?,
             )),
-            #[cfg(feature = "cuda")]
             (Storage::Cuda(x), Storage::Cuda(c), Storage::Cuda(s)) => Ok(Storage::Cuda(
                 x.rope_interleaved(layout, c, cos.1, s, sin.1)?,
             )),
-            #[cfg(feature = "cuda")]
             (x, c, s) => Err(if x.device() != c.device() {
                 mixed("rope_interleaved", x, c)
             } else {
                 mixed("rope_interleaved", x, s)
             }),
         }
+    }
+}
+
+/// A backend's own storage inside [`Storage`], for the dispatches that
+/// hand several operands to one generic function.
+trait Variant: Sized {
+    fn of(s: &Storage) -> Option<&Self>;
+    fn of_mut(s: &mut Storage) -> Option<&mut Self>;
+    fn wrap(self) -> Storage;
+}
+
+impl Variant for CpuStorage {
+    fn of(s: &Storage) -> Option<&Self> {
+        match s {
+            Storage::Cpu(c) => Some(c),
+            _ => None,
+        }
+    }
+    fn of_mut(s: &mut Storage) -> Option<&mut Self> {
+        match s {
+            Storage::Cpu(c) => Some(c),
+            _ => None,
+        }
+    }
+    fn wrap(self) -> Storage {
+        Storage::Cpu(self)
+    }
+}
+
+impl Variant for CudaStorage {
+    fn of(s: &Storage) -> Option<&Self> {
+        match s {
+            Storage::Cuda(c) => Some(c),
+            _ => None,
+        }
+    }
+    fn of_mut(s: &mut Storage) -> Option<&mut Self> {
+        match s {
+            Storage::Cuda(c) => Some(c),
+            _ => None,
+        }
+    }
+    fn wrap(self) -> Storage {
+        Storage::Cuda(self)
+    }
+}
+
+/// `s` as the backend storage of `first`, or the mixed-devices error.
+fn same<'a, B: Variant>(op: &str, first: &Storage, s: &'a Storage) -> Result<&'a B> {
+    match B::of(s) {
+        Some(b) if s.device() == first.device() => Ok(b),
+        _ => Err(mixed(op, first, s)),
+    }
+}
+
+/// What a quantized linear's forward keeps, in the memory of the backend
+/// that ran it.
+pub enum SavedLinear {
+    Cpu(Box<Saved<CpuStorage>>),
+    Cuda(Box<Saved<CudaStorage>>),
+}
+
+impl SavedLinear {
+    /// Bytes held (SPEC section 4's count).
+    pub fn nbytes(&self) -> usize {
+        match self {
+            SavedLinear::Cpu(s) => s.nbytes(),
+            SavedLinear::Cuda(s) => s.nbytes(),
+        }
+    }
+
+    /// Elements of the saved tensors, before padding.
+    pub fn elements(&self) -> usize {
+        match self {
+            SavedLinear::Cpu(s) => s.elements(),
+            SavedLinear::Cuda(s) => s.elements(),
+        }
+    }
+}
+
+/// A tensor's storage and layout, as the linear dispatch takes its operands.
+pub(crate) type View<'a> = (&'a Storage, &'a Layout);
+
+fn linear_forward_on<B: LinearBackend + Variant>(
+    recipe: &Recipe,
+    x: View,
+    w: View,
+    b: Option<View>,
+    s: LinearShape,
+    ctx: &LinearCtx,
+) -> Result<(B, Saved<B>)> {
+    let first = x.0;
+    let op = "linear";
+    let x = Packed::of(same::<B>(op, first, x.0)?, x.1)?;
+    let w = Packed::of(same::<B>(op, first, w.0)?, w.1)?;
+    let b = match b {
+        Some(b) => Some(Packed::of(same::<B>(op, first, b.0)?, b.1)?),
+        None => None,
+    };
+    qlinear::forward(recipe, &*x, &*w, b.as_deref(), s, ctx)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn linear_backward_on<B: LinearBackend + Variant>(
+    recipe: &Recipe,
+    saved: &Saved<B>,
+    w: Option<View>,
+    dy: View,
+    has_bias: bool,
+    dx_dtype: DType,
+    s: LinearShape,
+    ctx: &LinearCtx,
+) -> Result<Grads<Storage>> {
+    let first = dy.0;
+    let op = "linear backward";
+    let dy = Packed::of(same::<B>(op, first, dy.0)?, dy.1)?;
+    let w = match w {
+        Some(w) => Some(Packed::of(same::<B>(op, first, w.0)?, w.1)?),
+        None => None,
+    };
+    let g = qlinear::backward(recipe, saved, w.as_deref(), &dy, has_bias, dx_dtype, s, ctx)?;
+    Ok(Grads {
+        dx: g.dx.wrap(),
+        dw: g.dw.wrap(),
+        db: g.db.map(B::wrap),
+    })
+}
+
+fn adamw_on<B: OptimBackend + Variant>(
+    w: (&B, &Layout),
+    first: &Storage,
+    grad: View,
+    m: &mut Storage,
+    v: &mut Storage,
+    s: &AdamWScalars,
+) -> Result<Storage> {
+    let g = same::<B>("AdamW", first, grad.0)?;
+    let (m_dev, v_dev) = (m.device(), v.device());
+    let (Some(m), Some(v)) = (B::of_mut(m), B::of_mut(v)) else {
+        return Err(Error::InvalidOption(format!(
+            "AdamW: moments on {m_dev} and {v_dev} for a parameter on {}",
+            first.device()
+        )));
+    };
+    Ok(w.0.adamw_step(w.1, g, grad.1, m, v, s)?.wrap())
+}
+
+impl Storage {
+    /// The quantized linear's forward ([`qlinear::forward`]) on the backend
+    /// holding x; W and b must be on the same device.
+    pub(crate) fn linear_forward(
+        recipe: &Recipe,
+        x: View,
+        w: View,
+        b: Option<View>,
+        s: LinearShape,
+        ctx: &LinearCtx,
+    ) -> Result<(Storage, SavedLinear)> {
+        let _p = crate::profile::scope("linear forward", x.0.device());
+        match x.0 {
+            Storage::Cpu(_) => linear_forward_on::<CpuStorage>(recipe, x, w, b, s, ctx)
+                .map(|(y, saved)| (y.wrap(), SavedLinear::Cpu(Box::new(saved)))),
+            Storage::Cuda(_) => linear_forward_on::<CudaStorage>(recipe, x, w, b, s, ctx)
+                .map(|(y, saved)| (y.wrap(), SavedLinear::Cuda(Box::new(saved)))),
+        }
+    }
+
+    /// The quantized linear's backward ([`qlinear::backward`]) on the
+    /// backend that holds the saved tensors.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn linear_backward(
+        recipe: &Recipe,
+        saved: &SavedLinear,
+        w: Option<View>,
+        dy: View,
+        has_bias: bool,
+        dx_dtype: DType,
+        s: LinearShape,
+        ctx: &LinearCtx,
+    ) -> Result<Grads<Storage>> {
+        let _p = crate::profile::scope("linear backward", dy.0.device());
+        match saved {
+            SavedLinear::Cpu(sv) => {
+                linear_backward_on(recipe, sv, w, dy, has_bias, dx_dtype, s, ctx)
+            }
+            SavedLinear::Cuda(sv) => {
+                linear_backward_on(recipe, sv, w, dy, has_bias, dx_dtype, s, ctx)
+            }
+        }
+    }
+
+    /// One AdamW step of the parameter in `self` (viewed by `layout`) on
+    /// its device: the new parameter; the f32 moments `m` and `v`, which
+    /// must be on the same device, are updated in place.
+    pub(crate) fn adamw_step(
+        &self,
+        layout: &Layout,
+        grad: View,
+        m: &mut Storage,
+        v: &mut Storage,
+        s: &AdamWScalars,
+    ) -> Result<Storage> {
+        let _p = crate::profile::scope("adamw", self.device());
+        match self {
+            Storage::Cpu(w) => adamw_on((w, layout), self, grad, m, v, s),
+            Storage::Cuda(w) => adamw_on((w, layout), self, grad, m, v, s),
+        }
+    }
+
+    /// The f32 values of a packed f32 buffer on the host: borrowed there,
+    /// downloaded from a device.
+    pub(crate) fn host_f32(&self) -> Result<Cow<'_, [f32]>> {
+        let host = match self {
+            Storage::Cpu(CpuStorage::F32(v)) => return Ok(Cow::Borrowed(v)),
+            Storage::Cpu(c) => c.clone(),
+            Storage::Cuda(s) => s.to_cpu_storage()?,
+        };
+        match host {
+            CpuStorage::F32(v) => Ok(Cow::Owned(v)),
+            c => Err(Error::DType(format!(
+                "expected f32 values, got {}",
+                c.dtype()
+            ))),
+        }
+    }
+}
+
+/// Whether this build can run tensors on `device`.
+pub(crate) fn is_available(device: &Device) -> bool {
+    match device {
+        Device::Cpu => true,
+        Device::Cuda(i) => CudaDevice::get(*i).is_ok(),
+        _ => false,
+    }
+}
+
+/// Free and total bytes of a device's own memory; `None` on the CPU.
+pub(crate) fn memory_info(device: &Device) -> Result<Option<(u64, u64)>> {
+    match device {
+        Device::Cpu => Ok(None),
+        Device::Cuda(i) => CudaDevice::get(*i)?.memory_info().map(Some),
+        _ => Err(unavailable(device)),
+    }
+}
+
+/// Allocator counts of a device that is open; `None` on the CPU.
+pub(crate) fn memory_stats(device: &Device) -> Option<MemoryStats> {
+    match device {
+        Device::Cuda(i) => CudaDevice::get(*i).ok().map(|d| d.memory_stats()),
+        _ => None,
+    }
+}
+
+/// Waits until the device has finished the work queued so far.
+pub(crate) fn synchronize(device: &Device) -> Result<()> {
+    match device {
+        Device::Cuda(i) => CudaDevice::get(*i)?.synchronize(),
+        _ => Ok(()),
     }
 }
 
@@ -269,7 +515,6 @@ fn unavailable(device: &Device) -> Error {
 }
 
 /// Operands on different devices: move one with `to_device` first.
-#[cfg(feature = "cuda")]
 fn mixed(op: &str, a: &Storage, b: &Storage) -> Error {
     Error::InvalidOption(format!(
         "{op}: operands are on different devices ({} and {}); move one with to_device",

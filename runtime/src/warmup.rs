@@ -8,7 +8,7 @@
 use crate::module::{try_visit_params, Parameters};
 use crate::optim::AdamW;
 use crate::plan::{apply_schedule, PrecisionModel};
-use crate::recipe::linear::kernel_runs;
+use crate::qlinear::kernel_runs;
 use crate::recipe::RecipeKind;
 use crate::schedule::Schedule;
 use crate::{Error, Result, Tensor};

@@ -7,11 +7,15 @@
 //!    product, plus the scale multiply and the output rounding).
 //! 2. Against an unquantized f32 linear the SQNR clears the production bars.
 //! 3. Two runs with the same inputs and seed are bit-identical.
+//! 4. Per-GEMM overrides (SPEC section 4a) run each GEMM as its named
+//!    recipe's row and keep the operands in the form their GEMM reads.
 
+use mxswitch_runtime::cpu::CpuStorage;
 use mxswitch_runtime::formats::bf16;
+use mxswitch_runtime::qlinear::{backward, forward, LinearCtx, LinearShape};
 use mxswitch_runtime::quant::{quantize_mx, quantize_rows, quantize_tensorwise, MxConfig, SrKey};
-use mxswitch_runtime::recipe::linear::{backward, forward, LinearCtx, LinearGrads, LinearShape};
-use mxswitch_runtime::recipe::{Recipe, RecipeKind};
+use mxswitch_runtime::recipe::{Gemm, Recipe, RecipeKind};
+use mxswitch_runtime::DType;
 
 /// Seeded normal samples (Box-Muller on a 64-bit LCG).
 fn randn(n: usize, seed: u64, std: f32) -> Vec<f32> {
@@ -85,7 +89,14 @@ fn assert_close(what: &str, got: &[f32], (want, bound): &(Vec<f64>, Vec<f64>)) {
     eprintln!("{what}: worst error {:.3} of the bound", worst);
 }
 
-/// The reference GEMM operands of each recipe, built straight from `quant`.
+/// The recipe whose row GEMM `g` of `r` runs (SPEC section 4a: an
+/// override names a recipe with its default options).
+fn gemm_recipe(r: &Recipe, g: Gemm) -> Recipe {
+    r.override_of(g).map_or(*r, Recipe::new)
+}
+
+/// The reference result of each GEMM, its operands built straight from
+/// `quant` as the SPEC section 4 table of the GEMM's recipe says.
 fn reference(
     recipe: &Recipe,
     x: &[f32],
@@ -93,19 +104,30 @@ fn reference(
     dy: &[f32],
     s: LinearShape,
 ) -> [(Vec<f64>, Vec<f64>); 3] {
+    Gemm::ALL.map(|g| reference_gemm(&gemm_recipe(recipe, g), g, x, w, dy, s))
+}
+
+fn reference_gemm(
+    recipe: &Recipe,
+    g: Gemm,
+    x: &[f32],
+    w: &[f32],
+    dy: &[f32],
+    s: LinearShape,
+) -> (Vec<f64>, Vec<f64>) {
     let LinearShape { m, k, n } = s;
     match recipe.kind {
         RecipeKind::Bf16 => {
             let r = |v: &[f32]| v.iter().map(|&x| bf16::round(x)).collect::<Vec<f32>>();
             let (xb, wb, dyb) = (r(x), r(w), r(dy));
-            [
-                reference_nt(&xb, &wb, m, n, k, 1.0),
-                reference_nt(&dyb, &t(&wb, n, k), m, k, n, 1.0),
-                reference_nt(&t(&dyb, m, n), &t(&xb, m, k), n, k, m, 1.0),
-            ]
+            match g {
+                Gemm::Fprop => reference_nt(&xb, &wb, m, n, k, 1.0),
+                Gemm::Dgrad => reference_nt(&dyb, &t(&wb, n, k), m, k, n, 1.0),
+                Gemm::Wgrad => reference_nt(&t(&dyb, m, n), &t(&xb, m, k), n, k, m, 1.0),
+            }
         }
         RecipeKind::Fp8 | RecipeKind::Fp8Fnuz => {
-            let (f, g) = if recipe.kind == RecipeKind::Fp8 {
+            let (f, gr) = if recipe.kind == RecipeKind::Fp8 {
                 (
                     mxswitch_runtime::formats::ElemFormat::E4M3FN,
                     mxswitch_runtime::formats::ElemFormat::E5M2,
@@ -122,12 +144,12 @@ fn reference(
                     .unwrap()
                     .dequantize()
             };
-            let (xd, wd, dyd) = (dq(x, &[m, k], f), dq(w, &[n, k], f), dq(dy, &[m, n], g));
-            [
-                reference_nt(&xd, &wd, m, n, k, 1.0),
-                reference_nt(&dyd, &t(&wd, n, k), m, k, n, 1.0),
-                reference_nt(&t(&dyd, m, n), &t(&xd, m, k), n, k, m, 1.0),
-            ]
+            let (xd, wd, dyd) = (dq(x, &[m, k], f), dq(w, &[n, k], f), dq(dy, &[m, n], gr));
+            match g {
+                Gemm::Fprop => reference_nt(&xd, &wd, m, n, k, 1.0),
+                Gemm::Dgrad => reference_nt(&dyd, &t(&wd, n, k), m, k, n, 1.0),
+                Gemm::Wgrad => reference_nt(&t(&dyd, m, n), &t(&xd, m, k), n, k, m, 1.0),
+            }
         }
         RecipeKind::Mxfp4 | RecipeKind::Mxfp8 => {
             let elem = if recipe.kind == RecipeKind::Mxfp4 {
@@ -153,43 +175,35 @@ fn reference(
                     tensor_id: 2 * CTX.layer_id + id,
                 })
             };
-            let x_k = quantize_rows(x, m, k, &cfg).unwrap();
-            let w_k = quantize_rows(w, n, k, &tiles).unwrap();
-            let dy_n = quantize_rows(dy, m, n, &MxConfig { sr: sr(0), ..cfg }).unwrap();
-            let w_n = quantize_mx(w, &[n, k], 0, &tiles).unwrap();
             let had = MxConfig {
                 hadamard: recipe.hadamard,
                 ..cfg
             };
-            let dy_m = quantize_mx(dy, &[m, n], 0, &MxConfig { sr: sr(1), ..had }).unwrap();
-            let x_m = quantize_mx(x, &[m, k], 0, &had).unwrap();
-            let (kp, np, mp) = (x_k.padded_len, dy_n.padded_len, dy_m.padded_len);
-            [
+            let nt = |a: mxswitch_runtime::quant::MxTensor,
+                      b: mxswitch_runtime::quant::MxTensor| {
                 reference_nt(
-                    &x_k.dequantize_rows(),
-                    &w_k.dequantize_rows(),
-                    m,
-                    n,
-                    kp,
+                    &a.dequantize_rows(),
+                    &b.dequantize_rows(),
+                    a.rows,
+                    b.rows,
+                    a.padded_len,
                     1.0,
+                )
+            };
+            match g {
+                Gemm::Fprop => nt(
+                    quantize_rows(x, m, k, &cfg).unwrap(),
+                    quantize_rows(w, n, k, &tiles).unwrap(),
                 ),
-                reference_nt(
-                    &dy_n.dequantize_rows(),
-                    &w_n.dequantize_rows(),
-                    m,
-                    k,
-                    np,
-                    1.0,
+                Gemm::Dgrad => nt(
+                    quantize_rows(dy, m, n, &MxConfig { sr: sr(0), ..cfg }).unwrap(),
+                    quantize_mx(w, &[n, k], 0, &tiles).unwrap(),
                 ),
-                reference_nt(
-                    &dy_m.dequantize_rows(),
-                    &x_m.dequantize_rows(),
-                    n,
-                    k,
-                    mp,
-                    1.0,
+                Gemm::Wgrad => nt(
+                    quantize_mx(dy, &[m, n], 0, &MxConfig { sr: sr(1), ..had }).unwrap(),
+                    quantize_mx(x, &[m, k], 0, &had).unwrap(),
                 ),
-            ]
+            }
         }
     }
 }
@@ -211,18 +225,64 @@ fn recipes() -> Vec<Recipe> {
     v
 }
 
-fn run(
-    recipe: &Recipe,
-    x: &[f32],
-    w: &[f32],
-    b: &[f32],
-    dy: &[f32],
-    s: LinearShape,
-) -> (Vec<f32>, LinearGrads, f64) {
-    let (y, saved) = forward(recipe, x, w, Some(b), s, &CTX).unwrap();
+fn values(s: CpuStorage) -> Vec<f32> {
+    match s {
+        CpuStorage::F32(v) => v,
+        other => panic!("expected f32 values, got {:?}", other),
+    }
+}
+
+/// (y, dx, dW, db) and saved bytes per element.
+type Run = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, f64);
+
+fn run(recipe: &Recipe, x: &[f32], w: &[f32], b: &[f32], dy: &[f32], s: LinearShape) -> Run {
+    let st = |v: &[f32]| CpuStorage::F32(v.to_vec());
+    let (xs, ws, bs) = (st(x), st(w), st(b));
+    let (y, saved) = forward(recipe, &xs, &ws, Some(&bs), s, &CTX).unwrap();
     let bpe = saved.nbytes() as f64 / saved.elements() as f64;
-    let g = backward(recipe, &saved, w, dy, true, s, &CTX).unwrap();
-    (y, g, bpe)
+    let g = backward(
+        recipe,
+        &saved,
+        Some(&ws),
+        &st(dy),
+        true,
+        DType::F32,
+        s,
+        &CTX,
+    )
+    .unwrap();
+    let db = values(g.db.expect("a bias was given"));
+    (values(y), values(g.dx), values(g.dw), db, bpe)
+}
+
+/// Checks y, dx, dW and db of `recipe` against the references.
+fn check_against_reference(recipe: &Recipe, s: LinearShape, seed: u64) -> f64 {
+    let x = randn(s.m * s.k, seed, 1.0);
+    let w = randn(s.n * s.k, seed + 1, 0.1);
+    let b = randn(s.n, seed + 2, 0.1);
+    let dy = randn(s.m * s.n, seed + 3, 0.01);
+    let (y, dx, dw, db, bpe) = run(recipe, &x, &w, &b, &dy, s);
+    let [ry, rdx, rdw] = reference(recipe, &x, &w, &dy, s);
+    // The bias is added in f32 after the GEMM: remove it before comparing.
+    let y_nobias: Vec<f32> = y.iter().enumerate().map(|(i, v)| v - b[i % s.n]).collect();
+    let ry_bound = (
+        ry.0.clone(),
+        ry.1.iter()
+            .zip(&y)
+            .map(|(bd, v)| bd + 2f64.powi(-23) * (*v as f64).abs() * 2.0)
+            .collect(),
+    );
+    assert_close(&format!("{recipe} y"), &y_nobias, &ry_bound);
+    assert_close(&format!("{recipe} dx"), &dx, &rdx);
+    assert_close(&format!("{recipe} dW"), &dw, &rdw);
+    for j in 0..s.n {
+        let want: f64 = (0..s.m).map(|i| dy[i * s.n + j] as f64).sum();
+        assert!(
+            (db[j] as f64 - want).abs() <= s.m as f64 * 2f64.powi(-24) * 0.1,
+            "{recipe} db[{j}]"
+        );
+    }
+    bpe
 }
 
 #[test]
@@ -233,34 +293,57 @@ fn every_gemm_matches_the_quantize_dequantize_reference() {
         k: 70,
         n: 38,
     };
-    let x = randn(s.m * s.k, 1, 1.0);
-    let w = randn(s.n * s.k, 2, 0.1);
-    let b = randn(s.n, 3, 0.1);
-    let dy = randn(s.m * s.n, 4, 0.01);
     for recipe in recipes() {
-        let (y, g, _) = run(&recipe, &x, &w, &b, &dy, s);
-        let [ry, rdx, rdw] = reference(&recipe, &x, &w, &dy, s);
-        // The bias is added in f32 after the GEMM: remove it before comparing.
-        let y_nobias: Vec<f32> = y.iter().enumerate().map(|(i, v)| v - b[i % s.n]).collect();
-        let ry_bound = (
-            ry.0.clone(),
-            ry.1.iter()
-                .zip(&y)
-                .map(|(bd, v)| bd + 2f64.powi(-23) * (*v as f64).abs() * 2.0)
-                .collect(),
-        );
-        assert_close(&format!("{recipe} y"), &y_nobias, &ry_bound);
-        assert_close(&format!("{recipe} dx"), &g.dx, &rdx);
-        assert_close(&format!("{recipe} dW"), &g.dw, &rdw);
-        let db = g.db.unwrap();
-        for j in 0..s.n {
-            let want: f64 = (0..s.m).map(|i| dy[i * s.n + j] as f64).sum();
-            assert!(
-                (db[j] as f64 - want).abs() <= s.m as f64 * 2f64.powi(-24) * 0.1,
-                "{recipe} db[{j}]"
-            );
-        }
+        check_against_reference(&recipe, s, 1);
     }
+}
+
+/// SPEC section 4a's examples: `mxfp4(fprop = bf16)` runs the forward in
+/// BF16 and keeps x and W in MXFP4 (0.53125 bytes per element);
+/// `mxfp4(dgrad = fp8, wgrad = fp8)` runs the backward in FP8 and keeps x
+/// and W in E4M3 (1.0).
+#[test]
+fn per_gemm_overrides_run_each_gemm_as_named() {
+    let fprop_bf16 = Recipe::new(RecipeKind::Mxfp4)
+        .with_option("fprop", "bf16")
+        .unwrap();
+    let backward_fp8 = Recipe::new(RecipeKind::Mxfp4)
+        .with_option("dgrad", "fp8")
+        .unwrap()
+        .with_option("wgrad", "fp8")
+        .unwrap();
+    let wgrad_only = Recipe::new(RecipeKind::Mxfp8)
+        .with_option("wgrad", "bf16")
+        .unwrap();
+    let ragged = LinearShape {
+        m: 45,
+        k: 70,
+        n: 38,
+    };
+    for r in [fprop_bf16, backward_fp8, wgrad_only] {
+        check_against_reference(&r, ragged, 51);
+    }
+    let s = LinearShape {
+        m: 256,
+        k: 256,
+        n: 512,
+    };
+    let bpe = check_against_reference(&fprop_bf16, s, 61);
+    assert_eq!(bpe, 0.53125, "{fprop_bf16}");
+    let bpe = check_against_reference(&backward_fp8, s, 71);
+    assert!((1.0..=1.001).contains(&bpe), "{backward_fp8}: {bpe}");
+    // An override changes what runs: the overridden GEMM differs from the base's.
+    let x = randn(s.m * s.k, 81, 1.0);
+    let w = randn(s.n * s.k, 82, 0.05);
+    let b = vec![0.0; s.n];
+    let dy = randn(s.m * s.n, 83, 1e-3);
+    let base = run(&Recipe::new(RecipeKind::Mxfp4), &x, &w, &b, &dy, s);
+    let fwd = run(&fprop_bf16, &x, &w, &b, &dy, s);
+    let bwd = run(&backward_fp8, &x, &w, &b, &dy, s);
+    assert_ne!(base.0, fwd.0, "fprop = bf16 changed y");
+    assert_eq!((&base.1, &base.2), (&fwd.1, &fwd.2), "same MXFP4 backward");
+    assert_eq!(base.0, bwd.0, "same MXFP4 forward");
+    assert_ne!((&base.1, &base.2), (&bwd.1, &bwd.2), "FP8 backward");
 }
 
 fn sqnr_db(reference: &[f32], got: &[f32]) -> f64 {
@@ -297,12 +380,8 @@ fn sqnr_against_an_unquantized_linear() {
         (RecipeKind::Mxfp8, 25.0, 20.0),
         (RecipeKind::Bf16, 40.0, 40.0),
     ] {
-        let (y, g, _) = run(&Recipe::new(kind), &x, &w, &b, &dy, s);
-        let (sy, sdx, sdw) = (
-            sqnr_db(&y32, &y),
-            sqnr_db(&dx32, &g.dx),
-            sqnr_db(&dw32, &g.dw),
-        );
+        let (y, dx, dw, _, _) = run(&Recipe::new(kind), &x, &w, &b, &dy, s);
+        let (sy, sdx, sdw) = (sqnr_db(&y32, &y), sqnr_db(&dx32, &dx), sqnr_db(&dw32, &dw));
         eprintln!("{kind:>8}: SQNR y {sy:.1} dB, dx {sdx:.1} dB, dW {sdw:.1} dB");
         assert!(sy >= y_bar, "{kind} y SQNR {sy:.1} dB < {y_bar}");
         assert!(sdx >= g_bar, "{kind} dx SQNR {sdx:.1} dB < {g_bar}");
@@ -322,7 +401,7 @@ fn saved_bytes_per_element_follow_the_spec() {
     let b = vec![0.0; s.n];
     let dy = randn(s.m * s.n, 23, 1e-3);
     for kind in RecipeKind::ALL {
-        let (_, _, bpe) = run(&Recipe::new(kind), &x, &w, &b, &dy, s);
+        let bpe = run(&Recipe::new(kind), &x, &w, &b, &dy, s).4;
         eprintln!("{kind}: {bpe} saved bytes per element");
         match kind {
             RecipeKind::Mxfp4 => assert!((bpe - 0.53125).abs() <= 0.001, "{bpe}"),
@@ -349,8 +428,8 @@ fn same_inputs_and_seed_give_identical_bits() {
         let c = run(&recipe, &x, &w, &b, &dy, s);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&a.0), bits(&c.0), "{recipe} y");
-        assert_eq!(bits(&a.1.dx), bits(&c.1.dx), "{recipe} dx");
-        assert_eq!(bits(&a.1.dw), bits(&c.1.dw), "{recipe} dW");
+        assert_eq!(bits(&a.1), bits(&c.1), "{recipe} dx");
+        assert_eq!(bits(&a.2), bits(&c.2), "{recipe} dW");
     }
 }
 
@@ -359,13 +438,42 @@ fn non_finite_inputs_are_named_errors_for_fp8() {
     let s = LinearShape { m: 4, k: 8, n: 3 };
     let mut x = randn(32, 41, 1.0);
     x[5] = f32::NAN;
-    let w = randn(24, 42, 1.0);
-    let err = forward(&Recipe::new(RecipeKind::Fp8), &x, &w, None, s, &CTX)
-        .unwrap_err()
-        .to_string();
+    let w = CpuStorage::F32(randn(24, 42, 1.0));
+    let err = forward(
+        &Recipe::new(RecipeKind::Fp8),
+        &CpuStorage::F32(x.clone()),
+        &w,
+        None,
+        s,
+        &CTX,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("test.linear activation, iteration 5"), "{err}");
-    let bad_shape = forward(&Recipe::new(RecipeKind::Mxfp4), &x[..30], &w, None, s, &CTX)
+    let short = CpuStorage::F32(x[..30].to_vec());
+    let bad_shape = forward(&Recipe::new(RecipeKind::Mxfp4), &short, &w, None, s, &CTX)
         .unwrap_err()
         .to_string();
     assert!(bad_shape.contains("x has 30 elements"), "{bad_shape}");
+    // A NaN gradient under an FP8 backward is named as the gradient.
+    let r = Recipe::new(RecipeKind::Mxfp4)
+        .with_option("dgrad", "fp8")
+        .unwrap();
+    let xs = CpuStorage::F32(randn(32, 43, 1.0));
+    let (_, saved) = forward(&r, &xs, &w, None, s, &CTX).unwrap();
+    let mut dy = randn(12, 44, 1.0);
+    dy[7] = f32::INFINITY;
+    let err = backward(
+        &r,
+        &saved,
+        Some(&w),
+        &CpuStorage::F32(dy),
+        false,
+        DType::F32,
+        s,
+        &CTX,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("test.linear gradient, iteration 5"), "{err}");
 }

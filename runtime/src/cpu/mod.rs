@@ -6,12 +6,16 @@
 //! and the result is rounded back to BF16 (RNE), so every op accepts BF16 with
 //! f32 accumulation.
 
+mod adamw;
 pub(crate) mod matmul;
+mod operand;
 mod reduce;
 mod rowwise;
 mod strided;
 
 use std::borrow::Cow;
+
+pub use operand::{CpuOperand, Matrix};
 
 use rayon::prelude::*;
 

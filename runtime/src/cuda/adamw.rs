@@ -1,16 +1,15 @@
 //! AdamW on the GPU (`runtime/kernels/adamw.cu`): one launch per parameter
 //! updates the f32 moments in place and writes the new parameter into a fresh
 //! buffer, with the same f32 operations in the same order as the CPU's
-//! `optim::update` (bit-identical; see the kernel's header).
+//! update in `cpu/adamw.rs` (bit-identical; see the kernel's header).
 
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::nvrtc::KernelSource;
 use super::storage::backend_err;
-use super::{driver_err, CudaDevice, CudaStorage};
-use crate::backend::{BackendDevice, BackendStorage};
-use crate::cpu::CpuStorage;
-use crate::{DType, Error, Layout, Result, Shape};
+use super::{driver_err, CudaStorage};
+use crate::backend::{AdamWScalars, BackendStorage, OptimBackend};
+use crate::{DType, Error, Layout, Result};
 
 /// The AdamW kernels.
 pub const ADAMW: KernelSource = KernelSource {
@@ -21,57 +20,58 @@ pub const ADAMW: KernelSource = KernelSource {
 const THREADS: u32 = 256;
 const MAX_CTAS: u64 = 1 << 20;
 
-/// The scalar factors of one step (struct AdamWScalars in adamw.cu), each
-/// computed on the host exactly as the CPU update computes it.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct AdamWScalars {
-    pub decay: f32,
-    pub b1: f32,
-    pub one_minus_b1: f32,
-    pub b2: f32,
-    pub one_minus_b2: f32,
-    pub step_size: f32,
-    pub bias2_sqrt: f32,
-    pub eps: f32,
-}
-
-// SAFETY: plain old data with the C layout of the kernel's struct.
+// SAFETY: plain old data with the C layout of the kernel's struct AdamWScalars.
 unsafe impl DeviceRepr for AdamWScalars {}
-
-/// f32 zeros of `n` elements on `dev` (a moment buffer).
-pub(crate) fn zeros_f32(dev: &CudaDevice, n: usize) -> Result<CudaStorage> {
-    dev.zeros(&Shape::new(vec![n]), DType::F32)
-}
-
-/// Host f32 values on `dev`.
-pub(crate) fn upload_f32(dev: &CudaDevice, v: &[f32]) -> Result<CudaStorage> {
-    dev.storage_from_cpu(CpuStorage::F32(v.to_vec()))
-}
-
-/// The f32 values of a moment buffer on the host.
-pub(crate) fn download_f32(s: &CudaStorage) -> Result<Vec<f32>> {
-    match s.to_cpu_storage()? {
-        CpuStorage::F32(v) => Ok(v),
-        _ => Err(Error::DType("AdamW moments must be f32".into())),
-    }
-}
-
-/// A deep copy of a moment buffer (stream-ordered device copy).
-pub(crate) fn deep_copy(s: &CudaStorage) -> Result<CudaStorage> {
-    s.copy_strided(&Layout::contiguous(Shape::new(vec![s.len()])))
-}
 
 /// Address of element `start` of a packed buffer of `dtype`.
 fn addr(s: &CudaStorage, start: usize) -> u64 {
     s.buffer().ptr() + (start * s.dtype().size_in_bytes()) as u64
 }
 
+/// A packed view of `s` for a kernel: (storage holding it, first element),
+/// a packed copy when `layout` is strided.
+fn packed<'a>(
+    s: &'a CudaStorage,
+    layout: &Layout,
+    copy: &'a mut Option<CudaStorage>,
+) -> Result<(&'a CudaStorage, usize)> {
+    match layout.contiguous_range() {
+        Some(r) => Ok((s, r.start)),
+        None => Ok((copy.insert(s.copy_strided(layout)?), 0)),
+    }
+}
+
+impl OptimBackend for CudaStorage {
+    /// One launch: `w` and the gradient (f32 or BF16) give a new parameter
+    /// buffer of `w`'s dtype; `m` and `v` are updated in place.
+    fn adamw_step(
+        &self,
+        layout: &Layout,
+        grad: &CudaStorage,
+        grad_layout: &Layout,
+        m: &mut CudaStorage,
+        v: &mut CudaStorage,
+        s: &AdamWScalars,
+    ) -> Result<CudaStorage> {
+        let n = layout.shape().elem_count();
+        if grad_layout.shape().elem_count() != n {
+            return Err(Error::Shape(format!(
+                "AdamW: a gradient of {} values for a parameter of {n}",
+                grad_layout.shape().elem_count()
+            )));
+        }
+        let (mut wc, mut gc) = (None, None);
+        let (w, w_start) = packed(self, layout, &mut wc)?;
+        let (g, g_start) = packed(grad, grad_layout, &mut gc)?;
+        step(w, w_start, g, g_start, m, v, n, *s)
+    }
+}
+
 /// One AdamW step on the device: `w` (f32 or BF16, packed from element
 /// `w_start`, `n` values) and `g` (f32 or BF16, packed from `g_start`) give
 /// a new parameter buffer of `w`'s dtype; `m` and `v` are updated in place.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn step(
+fn step(
     w: &CudaStorage,
     w_start: usize,
     g: &CudaStorage,

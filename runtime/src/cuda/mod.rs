@@ -23,23 +23,50 @@
 //! - [`gemm`]: cuBLASLt matmuls: BF16 and FP8 (per-tensor scale pointers),
 //!   batched, with a fused bias where cuBLASLt has one.
 //! - [`storage`]: the tensor backend ([`CudaStorage`], [`CudaDevice`]).
-//! - [`linear`]: the recipe linears (SPEC section 4) on device buffers.
+//! - [`operand`]: the quantized linear's primitives on device buffers
+//!   ([`crate::backend::LinearBackend`]), over [`lin_kernels`] (copies,
+//!   epilogue, column sums, the GEMM with its post operations) and
+//!   [`mx_tile`] (one-pass MX quantization along rows and columns).
+//! - [`adamw`]: the AdamW update ([`crate::backend::OptimBackend`]).
 
 pub(crate) mod adamw;
 pub mod alloc;
-pub(crate) mod bridge;
 pub mod context;
 pub mod gemm;
-pub mod linear;
+pub mod lin_kernels;
+pub mod mx_tile;
 pub mod nvrtc;
+pub mod operand;
 pub mod quantize;
 pub mod storage;
 
 pub use alloc::{DevBuf, PoolStats};
 pub use context::{CudaContext, DeviceInfo, GpuTimer};
 pub use gemm::{GemmDType, GemmOperand};
+pub use lin_kernels::bias_fallbacks;
+pub use operand::CudaOperand;
 pub use quantize::{DequantLayout, Fp8Device, Fp8Device2d, Fp8Outputs, MxDevice};
 pub use storage::{CudaDevice, CudaStorage};
+
+impl crate::backend::DeviceStatus for CudaDevice {
+    fn synchronize(&self) -> crate::Result<()> {
+        self.context().synchronize().map_err(storage::backend_err)
+    }
+
+    fn memory_info(&self) -> crate::Result<(u64, u64)> {
+        let (free, total) = self.context().memory_info().map_err(storage::backend_err)?;
+        Ok((free as u64, total as u64))
+    }
+
+    fn memory_stats(&self) -> crate::backend::MemoryStats {
+        let st = self.context().pool_stats();
+        crate::backend::MemoryStats {
+            device_allocs: st.device_allocs,
+            reuses: st.reuses,
+            peak_bytes: st.peak_bytes_in_use as u64,
+        }
+    }
+}
 
 /// Failures of the CUDA backend. Every message is one line.
 #[derive(Debug, thiserror::Error)]

@@ -46,10 +46,10 @@ pub fn all_sources() -> [KernelSource; 6] {
     [
         QUANTIZE_MX,
         QUANTIZE_FP8,
-        super::linear::LINEAR_OPS,
+        super::lin_kernels::LINEAR_OPS,
         super::storage::OPS,
         super::adamw::ADAMW,
-        super::linear::MX_TILE,
+        super::mx_tile::MX_TILE,
     ]
 }
 

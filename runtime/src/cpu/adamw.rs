@@ -1,0 +1,66 @@
+//! AdamW on the host ([`OptimBackend`]): the f32 update every backend
+//! matches bit for bit (`runtime/kernels/adamw.cu` does the same operations
+//! in the same order).
+
+use rayon::prelude::*;
+
+use super::{CpuStorage, PAR_MIN_ELEMS};
+use crate::backend::{AdamWScalars, BackendStorage, OptimBackend};
+use crate::{DType, Error, Layout, Result, Shape};
+
+/// Elements per rayon task of a large update.
+const CHUNK: usize = 1 << 14;
+
+/// One AdamW step over flat slices, split across threads when large.
+fn update(s: &AdamWScalars, w: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+    let kernel = |w: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]| {
+        for (((w, &g), m), v) in w.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+            *w *= s.decay;
+            *m = s.b1 * *m + s.one_minus_b1 * g;
+            *v = s.b2 * *v + s.one_minus_b2 * g * g;
+            *w -= s.step_size * *m / (v.sqrt() / s.bias2_sqrt + s.eps);
+        }
+    };
+    if w.len() < PAR_MIN_ELEMS {
+        kernel(w, g, m, v);
+        return;
+    }
+    w.par_chunks_mut(CHUNK)
+        .zip(g.par_chunks(CHUNK))
+        .zip(m.par_chunks_mut(CHUNK))
+        .zip(v.par_chunks_mut(CHUNK))
+        .for_each(|(((w, g), m), v)| kernel(w, g, m, v));
+}
+
+impl OptimBackend for CpuStorage {
+    fn adamw_step(
+        &self,
+        layout: &Layout,
+        grad: &CpuStorage,
+        grad_layout: &Layout,
+        m: &mut CpuStorage,
+        v: &mut CpuStorage,
+        s: &AdamWScalars,
+    ) -> Result<CpuStorage> {
+        let n = layout.shape().elem_count();
+        let mut w = self.packed_f32(layout, "AdamW")?.into_owned();
+        let g = grad.packed_f32(grad_layout, "AdamW")?;
+        let (CpuStorage::F32(m), CpuStorage::F32(v)) = (m, v) else {
+            return Err(Error::DType("AdamW moments must be f32".into()));
+        };
+        if g.len() != n || m.len() != n || v.len() != n {
+            return Err(Error::Shape(format!(
+                "AdamW: gradient and moments of {} / {} / {} values for a parameter of {n}",
+                g.len(),
+                m.len(),
+                v.len()
+            )));
+        }
+        update(s, &mut w, &g, m, v);
+        let w = CpuStorage::F32(w);
+        match self.dtype() {
+            DType::F32 => Ok(w),
+            d => w.to_dtype(&Layout::contiguous(Shape::new(vec![n])), d),
+        }
+    }
+}
