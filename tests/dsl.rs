@@ -542,36 +542,35 @@ fn per_gemm_phases_in_a_ron_file_match_the_attribute() {
     assert_eq!(PerGemmFromConfig::SCHEDULE_TEXT, PerGemm::SCHEDULE_TEXT);
 }
 
+/// A schedule that starts in `mxfp4` and from iteration 40 runs `mxfp4`
+/// with `options` (RON text).
+fn late_mxfp4(options: &str) -> String {
+    format!(
+        "(phases: [(start: 0, recipe: \"mxfp4\"), (start: 40, recipe: \"mxfp4\", options: {options})])"
+    )
+}
+
 #[test]
 fn a_run_time_schedule_may_set_per_gemm_options_among_the_named_recipes() {
     // `Switch` names mxfp4 and fp8: an FP8 backward is allowed, a BF16 forward is not.
-    let schedule = Switch::schedule_from_ron(
-        r#"(phases: [(start: 0, recipe: "mxfp4"), (start: 40, recipe: "mxfp4", options: (dgrad: "fp8", wgrad: "fp8"))])"#,
-    )
-    .unwrap();
+    let schedule =
+        Switch::schedule_from_ron(&late_mxfp4(r#"(dgrad: "fp8", wgrad: "fp8")"#)).unwrap();
     let mut model = Switch::new(2);
     let report = model.apply_with(&schedule, 40).unwrap();
     assert_eq!(
         report.to_string(),
         "4/4 layers (10/10 linears) now mxfp4(dgrad = fp8, wgrad = fp8) at iteration 40"
     );
-    let err = Switch::schedule_from_ron(
-        r#"(phases: [(start: 0, recipe: "mxfp4"), (start: 40, recipe: "mxfp4", options: (fprop: "bf16"))])"#,
-    )
-    .unwrap_err()
-    .to_string();
+    let err = Switch::schedule_from_ron(&late_mxfp4(r#"(fprop: "bf16")"#)).unwrap_err();
     assert!(
-        err.contains("recipe `bf16` is not allowed for this model"),
+        err.to_string()
+            .contains("recipe `bf16` is not allowed for this model"),
         "{err}"
     );
     // A phase that changes nothing is refused at run time as in the attribute.
-    let err = PerGemm::schedule_from_ron(
-        r#"(phases: [(start: 0, recipe: "mxfp4"), (start: 40, recipe: "mxfp4", options: (scale: "even"))])"#,
-    )
-    .unwrap_err()
-    .to_string();
+    let err = PerGemm::schedule_from_ron(&late_mxfp4(r#"(scale: "even")"#)).unwrap_err();
     assert!(
-        err.contains(
+        err.to_string().contains(
             "phases[1].recipe: phase `mxfp4 @ 40` resolves to `mxfp4`, the recipe already running"
         ),
         "{err}"

@@ -92,7 +92,58 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
-/// `", did you mean `x`?"`-style hint, or nothing.
+/// An enum of the table that is spelled by name.
+pub(crate) trait Named: Copy + 'static {
+    /// How messages call one of these ("recipe", "scale mode").
+    const WHAT: &'static str;
+    fn all() -> &'static [Self];
+    fn name(self) -> &'static str;
+}
+
+/// `impl Named` for an enum with an `ALL` array and a `name` method.
+macro_rules! named {
+    ($t:ty, $what:literal) => {
+        impl $crate::error::Named for $t {
+            const WHAT: &'static str = $what;
+            fn all() -> &'static [$t] {
+                &<$t>::ALL
+            }
+            fn name(self) -> &'static str {
+                <$t>::name(self)
+            }
+        }
+    };
+}
+pub(crate) use named;
+
+/// The value spelled `name`, if any.
+pub(crate) fn find<T: Named>(name: &str) -> Option<T> {
+    T::all().iter().copied().find(|t| t.name() == name)
+}
+
+/// The value spelled `name`, or an error that suggests the closest
+/// spelling or lists them all.
+pub(crate) fn lookup<T: Named>(name: &str) -> Result<T, RecipeError> {
+    find(name).ok_or_else(|| {
+        let names: Vec<&str> = T::all().iter().map(|t| t.name()).collect();
+        let what = T::WHAT;
+        RecipeError::new(match suggest(name, names.iter().copied()) {
+            Some(near) => format!("unknown {what} `{name}`; did you mean `{near}`?"),
+            None if names.len() == 2 => {
+                format!(
+                    "unknown {what} `{name}`; expected {} or {}",
+                    names[0], names[1]
+                )
+            }
+            None => format!(
+                "unknown {what} `{name}`; expected one of {}",
+                names.join(", ")
+            ),
+        })
+    })
+}
+
+/// `"; did you mean `x`?"`, or nothing.
 pub(crate) fn did_you_mean<'a>(
     word: &str,
     candidates: impl IntoIterator<Item = &'a str>,

@@ -19,7 +19,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{At, RecipeError, ScheduleError};
+use crate::error::{lookup, named, At, RecipeError, ScheduleError};
 use crate::recipe::Recipe;
 use crate::table::Opt;
 
@@ -44,17 +44,11 @@ impl Order {
     }
 
     pub fn from_name(name: &str) -> Result<Order, RecipeError> {
-        Order::ALL
-            .into_iter()
-            .find(|o| o.name() == name)
-            .ok_or_else(|| {
-                RecipeError::new(format!(
-                    "unknown order `{name}`; expected {}",
-                    Order::ALL.map(Order::name).join(" or ")
-                ))
-            })
+        lookup(name)
     }
 }
+
+named!(Order, "order");
 
 impl fmt::Display for Order {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

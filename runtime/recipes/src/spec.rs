@@ -5,7 +5,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::error::RecipeError;
+use crate::error::{lookup, named, RecipeError};
 
 /// Element formats, by their SPEC section 1 names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -87,17 +87,11 @@ impl ScaleMode {
 
     /// Look a mode up by its SPEC name.
     pub fn from_name(name: &str) -> Result<Self, RecipeError> {
-        ScaleMode::ALL
-            .into_iter()
-            .find(|m| m.name() == name)
-            .ok_or_else(|| {
-                RecipeError::new(format!(
-                    "unknown scale mode `{name}`; expected one of {}",
-                    ScaleMode::ALL.map(ScaleMode::name).join(", ")
-                ))
-            })
+        lookup(name)
     }
 }
+
+named!(ScaleMode, "scale mode");
 
 impl fmt::Display for ScaleMode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

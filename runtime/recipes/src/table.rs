@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use crate::error::{did_you_mean, RecipeError};
+use crate::error::{did_you_mean, find, lookup, named, RecipeError};
 use crate::spec::{Elem, GemmSpec, LinearSpec, OperandSpec, ScaleMode, Scaling, MX_BLOCK};
 
 /// The named recipes; each is one row of [`TABLE`], in this order.
@@ -91,15 +91,12 @@ impl Opt {
 
     /// Look a key up by name, suggesting the closest on a typo.
     pub fn from_name(name: &str) -> Result<Opt, RecipeError> {
-        Opt::ALL
-            .into_iter()
-            .find(|o| o.name() == name)
-            .ok_or_else(|| {
-                RecipeError::new(format!(
-                    "unknown recipe option `{name}`{}",
-                    did_you_mean(name, Opt::ALL.map(Opt::name))
-                ))
-            })
+        find(name).ok_or_else(|| {
+            RecipeError::new(format!(
+                "unknown recipe option `{name}`{}",
+                did_you_mean(name, Opt::ALL.map(Opt::name))
+            ))
+        })
     }
 
     /// Whether recipe `kind` takes this key.
@@ -251,19 +248,7 @@ impl RecipeKind {
 
     /// Look a recipe up by its SPEC name, suggesting the closest on a typo.
     pub fn from_name(name: &str) -> Result<Self, RecipeError> {
-        RecipeKind::ALL
-            .into_iter()
-            .find(|r| r.name() == name)
-            .ok_or_else(|| {
-                let names = RecipeKind::ALL.map(RecipeKind::name);
-                RecipeError::new(match did_you_mean(name, names) {
-                    hint if !hint.is_empty() => format!("unknown recipe `{name}`{hint}"),
-                    _ => format!(
-                        "unknown recipe `{name}`; expected one of {}",
-                        names.join(", ")
-                    ),
-                })
-            })
+        lookup(name)
     }
 
     /// The keys this recipe takes, in [`Opt::ALL`] order.
@@ -271,6 +256,10 @@ impl RecipeKind {
         Opt::ALL.into_iter().filter(move |o| o.applies_to(self))
     }
 }
+
+named!(RecipeKind, "recipe");
+
+named!(Opt, "recipe option");
 
 impl fmt::Display for RecipeKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
