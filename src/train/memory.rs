@@ -19,14 +19,15 @@ use mxswitch_runtime::{Device, Error, Result};
 /// The environment variable that overrides the available bytes.
 pub const MEMORY_LIMIT_ENV: &str = "MXSWITCH_MEMORY_LIMIT";
 
-/// Refuse to train `cfg` on `device` when the estimate exceeds what is available.
-pub fn check_memory(cfg: &RunConfig, device: Device) -> Result<()> {
+/// Refuse to train `cfg` on `device` when the estimate exceeds what is
+/// available. A resumed run also holds warm-up's copy of the AdamW state.
+pub fn check_memory(cfg: &RunConfig, device: Device, resuming: bool) -> Result<()> {
     let limit = std::env::var(MEMORY_LIMIT_ENV).ok();
     let available = match limit {
         Some(text) => Available::Limit(parse_limit(&text)?),
         None => available_on(device),
     };
-    if let Some(warning) = check(cfg, &available, device)? {
+    if let Some(warning) = check(cfg, &available, device, resuming)? {
         eprintln!("warning: {warning}");
     }
     Ok(())
@@ -45,8 +46,19 @@ enum Available {
 
 /// The check itself: an error when the estimate does not fit, a warning
 /// when what is available is unknown.
-fn check(cfg: &RunConfig, available: &Available, device: Device) -> Result<Option<String>> {
-    let estimate = estimate_training_bytes(cfg)?;
+fn check(
+    cfg: &RunConfig,
+    available: &Available,
+    device: Device,
+    resuming: bool,
+) -> Result<Option<String>> {
+    let mut estimate = estimate_training_bytes(cfg)?;
+    let mut breakdown = estimate.breakdown();
+    if resuming {
+        // Warm-up clones the optimizer too once it holds moments.
+        estimate.total = estimate.total.saturating_add(estimate.adamw);
+        breakdown += &format!(", warm-up's copy of AdamW {}", format_bytes(estimate.adamw));
+    }
     let (bytes, place) = match available {
         Available::Host(b) => (*b, "on the host".to_string()),
         Available::Device(b) => (*b, format!("on {device}")),
@@ -68,7 +80,7 @@ fn check(cfg: &RunConfig, available: &Available, device: Device) -> Result<Optio
     Err(Error::Training(format!(
         "{what} needs about {} ({}) but {} is available {place}; use a smaller config or batch",
         format_bytes(estimate.total),
-        estimate.breakdown(),
+        breakdown,
         format_bytes(bytes)
     )))
 }
@@ -179,7 +191,7 @@ mod tests {
     #[test]
     fn a_config_too_big_is_refused_with_one_line() {
         let cfg = RunConfig::load("flux-schnell").unwrap();
-        let e = check(&cfg, &Available::Host(22 << 30), Device::Cpu)
+        let e = check(&cfg, &Available::Host(22 << 30), Device::Cpu, false)
             .unwrap_err()
             .to_string();
         assert!(
@@ -194,7 +206,7 @@ mod tests {
             "{e}"
         );
         assert!(!e.contains('\n'));
-        let e = check(&cfg, &Available::Device(80 << 30), Device::Cuda(0))
+        let e = check(&cfg, &Available::Device(80 << 30), Device::Cuda(0), false)
             .unwrap_err()
             .to_string();
         assert!(e.contains("but 80.0 GiB is available on cuda:0"), "{e}");
@@ -205,19 +217,29 @@ mod tests {
         let cfg = tiny();
         let need = estimate_training_bytes(&cfg).unwrap().total;
         assert_eq!(
-            check(&cfg, &Available::Limit(need), Device::Cpu).unwrap(),
+            check(&cfg, &Available::Limit(need), Device::Cpu, false).unwrap(),
             None
         );
-        let e = check(&cfg, &Available::Limit(need - 1), Device::Cpu)
+        // A resumed run also holds warm-up's copy of the moments.
+        let e = check(&cfg, &Available::Limit(need), Device::Cpu, true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("warm-up's copy of AdamW"), "{e}");
+        let e = check(&cfg, &Available::Limit(need - 1), Device::Cpu, false)
             .unwrap_err()
             .to_string();
         assert!(
             e.contains(&format!("is available under {MEMORY_LIMIT_ENV}")),
             "{e}"
         );
-        let w = check(&cfg, &Available::Unknown("no GPU".into()), Device::Cuda(0))
-            .unwrap()
-            .unwrap();
+        let w = check(
+            &cfg,
+            &Available::Unknown("no GPU".into()),
+            Device::Cuda(0),
+            false,
+        )
+        .unwrap()
+        .unwrap();
         assert!(
             w.starts_with("the memory check is skipped: no GPU; training needs about"),
             "{w}"
@@ -232,12 +254,14 @@ mod tests {
         if std::env::var_os(MEMORY_LIMIT_ENV).is_some() {
             return;
         }
-        check_memory(&tiny(), Device::Cpu).unwrap();
+        check_memory(&tiny(), Device::Cpu, false).unwrap();
         let mut huge = tiny();
         huge.data.batch = 256;
         huge.data.latent_height = 1024;
         huge.data.latent_width = 1024;
-        let e = check_memory(&huge, Device::Cpu).unwrap_err().to_string();
+        let e = check_memory(&huge, Device::Cpu, false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("is available on the host"), "{e}");
     }
 
@@ -270,12 +294,12 @@ mod tests {
         };
         assert!(bytes <= total);
         let cfg = RunConfig::load("flux-schnell").unwrap();
-        let e = check(&cfg, &Available::Device(bytes), Device::Cuda(0))
+        let e = check(&cfg, &Available::Device(bytes), Device::Cuda(0), false)
             .unwrap_err()
             .to_string();
         assert!(e.contains("is available on cuda:0"), "{e}");
         eprintln!("{e}");
-        check(&tiny(), &Available::Device(bytes), Device::Cuda(0)).unwrap();
+        check(&tiny(), &Available::Device(bytes), Device::Cuda(0), false).unwrap();
     }
 
     #[test]

@@ -273,8 +273,9 @@ fn train_in_pool(opts: &TrainOptions) -> Result<TrainSummary> {
     } else {
         DType::F32
     };
+    // Refused before the output folder is created.
+    memory::check_memory(cfg, opts.device, opts.resume.is_some())?;
     let out = RunDir::check(&opts.out, opts.resume.as_deref(), start, opts.overwrite)?;
-    memory::check_memory(cfg, opts.device)?;
 
     let mut model = Flux::new(&cfg.model);
     model.plan().check_not_empty("Flux")?;
