@@ -289,17 +289,20 @@ impl RunConfig {
             None => self.schedule.to_schedule()?,
         };
         let runs = Flux::RECIPES;
-        if let Some(i) = schedule
-            .phases()
-            .iter()
-            .position(|p| !runs.contains(&p.recipe.kind))
-        {
+        // The base recipe and the recipes its per-GEMM overrides name.
+        let refused = schedule.phases().iter().enumerate().find_map(|(i, p)| {
+            let kinds = p.recipe.kinds();
+            kinds
+                .into_iter()
+                .find(|k| !runs.contains(k))
+                .map(|k| (i, k))
+        });
+        if let Some((i, kind)) = refused {
             let names: Vec<&str> = runs.iter().map(|k| k.name()).collect();
             return fail(
                 &format!("schedule.phases[{i}].recipe"),
                 format!(
-                    "`{}` is not compiled into Flux, which runs {}; use one of those",
-                    schedule.phases()[i].recipe.kind,
+                    "`{kind}` is not allowed for Flux, whose #[precision] attribute names only {}; use one of those",
                     names.join(", ")
                 ),
             );
@@ -400,7 +403,7 @@ mod tests {
         );
         assert_eq!(
             error_of(&text),
-            "bad.ron:30:59: schedule.phases[1].recipe `bf16` is not compiled into Flux, which runs mxfp4, fp8; use one of those"
+            "bad.ron:30:59: schedule.phases[1].recipe `bf16` is not allowed for Flux, whose #[precision] attribute names only mxfp4, fp8; use one of those"
         );
         let text = PRESETS[0].1.replace("start: 40", "start: 0");
         assert!(error_of(&text)
