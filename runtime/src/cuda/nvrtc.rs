@@ -29,17 +29,22 @@ pub struct KernelSource {
 /// Device code shared by every kernel: formats, scales, Philox, Hadamard.
 pub const COMMON: &str = include_str!("../../kernels/common.cuh");
 
+/// The [`KernelSource`] of `runtime/kernels/<file>`, embedded in the binary
+/// (for sources declared in `runtime/src/cuda/`, which the path is relative to).
+macro_rules! kernel_source {
+    ($file:literal) => {
+        $crate::cuda::nvrtc::KernelSource {
+            name: $file,
+            body: include_str!(concat!("../../kernels/", $file)),
+        }
+    };
+}
+
 /// MX quantize, 32x32 tile scales and dequantize (E2M1 and E4M3FN).
-pub const QUANTIZE_MX: KernelSource = KernelSource {
-    name: "quantize_mx.cu",
-    body: include_str!("../../kernels/quantize_mx.cu"),
-};
+pub const QUANTIZE_MX: KernelSource = kernel_source!("quantize_mx.cu");
 
 /// FP8 tensorwise amax, scale and cast.
-pub const QUANTIZE_FP8: KernelSource = KernelSource {
-    name: "quantize_fp8.cu",
-    body: include_str!("../../kernels/quantize_fp8.cu"),
-};
+pub const QUANTIZE_FP8: KernelSource = kernel_source!("quantize_fp8.cu");
 
 /// Every kernel source of the backend, for compile checks.
 pub fn all_sources() -> [KernelSource; 6] {
@@ -52,6 +57,30 @@ pub fn all_sources() -> [KernelSource; 6] {
         super::mx_tile::MX_TILE,
     ]
 }
+
+/// Launches kernel `$name` of source `$src` on `$ctx`'s stream with the
+/// arguments given by reference, as a `Result<(), CudaError>` whose error
+/// names the kernel. One place for the unsafe launch of every backend kernel.
+macro_rules! launch_kernel {
+    ($ctx:expr, $src:expr, $name:expr, $cfg:expr, $($arg:expr),+ $(,)?) => {
+        (|| -> $crate::cuda::Result<()> {
+            use ::cudarc::driver::PushKernelArg as _;
+            let ctx: &$crate::cuda::CudaContext = $ctx;
+            let name: &'static str = $name;
+            let f = ctx.function($src, name)?;
+            ctx.bind()?;
+            let mut b = ctx.stream().launch_builder(&f);
+            $( b.arg($arg); )+
+            // SAFETY: every call site passes the argument types of the
+            // kernel's signature and buffers large enough for the launch (the
+            // pool's 256-byte alignment covers the kernels' 16-byte accesses).
+            unsafe { b.launch($cfg) }
+                .map(|_| ())
+                .map_err($crate::cuda::driver_err(format!("launch {name}")))
+        })()
+    };
+}
+pub(crate) use launch_kernel;
 
 /// Environment variable with extra include directories (`:`-separated), for
 /// kernels that include CUDA headers such as `cuda_fp8.h`.

@@ -9,10 +9,11 @@
 //! transpose, zero-padded, from one read of the input
 //! ([`CudaContext::quantize_fp8_2d`]).
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
-use super::nvrtc::{QUANTIZE_FP8, QUANTIZE_MX};
-use super::{driver_err, CudaContext, CudaError, DevBuf, Result};
+use super::nvrtc::{launch_kernel, QUANTIZE_FP8, QUANTIZE_MX};
+use super::storage::by_dtype;
+use super::{CudaContext, CudaError, DevBuf, Result};
 use crate::formats::ElemFormat;
 use crate::quant::{mx::padded, MxConfig, ScaleMode, BLOCK};
 use crate::DType;
@@ -41,9 +42,13 @@ const FP8_STATE_BYTES: usize = 48;
 const FP8_SCALE_INV_OFFSET: u64 = 32;
 
 /// `phase` argument of quantize_mx_* (enum Phase in quantize_mx.cu).
-const PHASE_QUANTIZE: i32 = 0;
-const PHASE_AMAX: i32 = 1;
-const PHASE_ENCODE_FIXED: i32 = 2;
+#[derive(Clone, Copy)]
+#[repr(i32)]
+enum Phase {
+    Quantize = 0,
+    Amax = 1,
+    EncodeFixed = 2,
+}
 
 /// An MX-quantized matrix on the device, in the CPU's axis-last layout
 /// ([`crate::quant::MxTensor`] with `shape = [rows, len]`, `axis = 1`).
@@ -90,23 +95,39 @@ pub struct Fp8Device {
     pub state: DevBuf,
 }
 
-impl Fp8Device {
-    /// Device address of scale_inv, the f32 a GEMM multiplies its result by.
-    pub fn scale_inv_ptr(&self) -> u64 {
-        state_scale_inv_ptr(&self.state)
-    }
+/// The accessors of an FP8 result's scale state (its `state` field), one
+/// definition for [`Fp8Device`] and [`Fp8Device2d`].
+macro_rules! fp8_state_accessors {
+    ($t:ty) => {
+        impl $t {
+            /// Device address of the amax bits (the state's first word).
+            pub fn amax_ptr(&self) -> u64 {
+                self.state.ptr()
+            }
 
-    /// (amax, scale, scale_inv), read back to the host (waits for the stream).
-    pub fn read_scales(&self, ctx: &CudaContext) -> Result<(f32, f32, f32)> {
-        read_state(ctx, &self.state)
-    }
+            /// Device address of scale_inv, the f32 a GEMM multiplies its
+            /// result by (shared by both orientations of a 2-D cast).
+            pub fn scale_inv_ptr(&self) -> u64 {
+                state_scale_inv_ptr(&self.state)
+            }
 
-    /// SPEC section 3: a non-finite amax is an error naming the tensor. Waits
-    /// for the stream, so callers batch it (for example once per step).
-    pub fn check_finite(&self, ctx: &CudaContext, name: &str) -> Result<()> {
-        check_state_finite(ctx, &self.state, name)
-    }
+            /// (amax, scale, scale_inv), read back to the host (waits for the stream).
+            pub fn read_scales(&self, ctx: &CudaContext) -> Result<(f32, f32, f32)> {
+                read_state(ctx, &self.state)
+            }
+
+            /// SPEC section 3: a non-finite amax is an error naming the
+            /// tensor. Waits for the stream, so callers batch it (for
+            /// example once per step).
+            pub fn check_finite(&self, ctx: &CudaContext, name: &str) -> Result<()> {
+                check_state_finite(ctx, &self.state, name)
+            }
+        }
+    };
 }
+
+fp8_state_accessors!(Fp8Device);
+fp8_state_accessors!(Fp8Device2d);
 
 /// Which orientations the 2-D FP8 cast writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,28 +153,6 @@ pub struct Fp8Device2d {
     pub codes_t: Option<DevBuf>,
     /// amax bits, scale and scale_inv, one 16-byte slot each (as [`Fp8Device`]).
     pub state: DevBuf,
-}
-
-impl Fp8Device2d {
-    /// Device address of the amax bits (the state's first word).
-    pub fn amax_ptr(&self) -> u64 {
-        self.state.ptr()
-    }
-
-    /// Device address of scale_inv, shared by both orientations.
-    pub fn scale_inv_ptr(&self) -> u64 {
-        state_scale_inv_ptr(&self.state)
-    }
-
-    /// (amax, scale, scale_inv), read back to the host (waits for the stream).
-    pub fn read_scales(&self, ctx: &CudaContext) -> Result<(f32, f32, f32)> {
-        read_state(ctx, &self.state)
-    }
-
-    /// SPEC section 3: a non-finite amax is an error naming the tensor.
-    pub fn check_finite(&self, ctx: &CudaContext, name: &str) -> Result<()> {
-        check_state_finite(ctx, &self.state, name)
-    }
 }
 
 /// Device address of scale_inv in an FP8 state buffer.
@@ -203,13 +202,16 @@ fn input_size(dtype: DType) -> Result<usize> {
     }
 }
 
-/// Picks the f32 or BF16 instance of a kernel (call after [`input_size`]).
-fn by_input(dtype: DType, f32_name: &'static str, bf16_name: &'static str) -> &'static str {
-    if dtype == DType::BF16 {
-        bf16_name
-    } else {
-        f32_name
-    }
+/// The f32 or BF16 instance `<prefix><fmt>_f32` / `_bf16` of a kernel
+/// (after [`input_size`] has checked the dtype).
+macro_rules! by_input {
+    ($dtype:expr, $prefix:literal, $fmt:literal) => {
+        by_dtype(
+            $dtype,
+            concat!($prefix, $fmt, "_f32"),
+            concat!($prefix, $fmt, "_bf16"),
+        )
+    };
 }
 
 /// Kernel names of one MX element format and input type (quantize_mx.cu).
@@ -223,55 +225,31 @@ struct MxKernels {
 }
 
 fn mx_kernels(elem: ElemFormat, dtype: DType) -> Result<MxKernels> {
+    macro_rules! names {
+        ($fmt:literal) => {
+            MxKernels {
+                quantize: by_input!(dtype, "quantize_mx_", $fmt),
+                quantize_plain: by_input!(dtype, "quantize_mx_plain_", $fmt),
+                tile_scales: concat!("mx_tile_scales_", $fmt),
+                dequantize: concat!("dequantize_mx_", $fmt),
+            }
+        };
+    }
     match elem {
-        ElemFormat::E2M1 => Ok(MxKernels {
-            quantize: by_input(dtype, "quantize_mx_e2m1_f32", "quantize_mx_e2m1_bf16"),
-            quantize_plain: by_input(
-                dtype,
-                "quantize_mx_plain_e2m1_f32",
-                "quantize_mx_plain_e2m1_bf16",
-            ),
-            tile_scales: "mx_tile_scales_e2m1",
-            dequantize: "dequantize_mx_e2m1",
-        }),
-        ElemFormat::E4M3FN => Ok(MxKernels {
-            quantize: by_input(dtype, "quantize_mx_e4m3fn_f32", "quantize_mx_e4m3fn_bf16"),
-            quantize_plain: by_input(
-                dtype,
-                "quantize_mx_plain_e4m3fn_f32",
-                "quantize_mx_plain_e4m3fn_bf16",
-            ),
-            tile_scales: "mx_tile_scales_e4m3fn",
-            dequantize: "dequantize_mx_e4m3fn",
-        }),
+        ElemFormat::E2M1 => Ok(names!("e2m1")),
+        ElemFormat::E4M3FN => Ok(names!("e4m3fn")),
         other => Err(CudaError::Invalid(format!(
             "MX blocks hold e2m1 or e4m3fn elements, not {other}"
         ))),
     }
 }
 
-/// Kernel names of one FP8 element format and input type (quantize_fp8.cu).
-struct Fp8Kernels {
-    amax: &'static str,
-    cast: &'static str,
-    cast_2d: &'static str,
-    dequantize: &'static str,
-}
-
 fn fp8_kernels(elem: ElemFormat, dtype: DType) -> Result<Fp8Kernels> {
     macro_rules! names {
         ($fmt:literal) => {
             (
-                by_input(
-                    dtype,
-                    concat!("fp8_cast_", $fmt, "_f32"),
-                    concat!("fp8_cast_", $fmt, "_bf16"),
-                ),
-                by_input(
-                    dtype,
-                    concat!("fp8_cast_2d_", $fmt, "_f32"),
-                    concat!("fp8_cast_2d_", $fmt, "_bf16"),
-                ),
+                by_input!(dtype, "fp8_cast_", $fmt),
+                by_input!(dtype, "fp8_cast_2d_", $fmt),
                 concat!("fp8_dequantize_", $fmt),
             )
         };
@@ -288,11 +266,17 @@ fn fp8_kernels(elem: ElemFormat, dtype: DType) -> Result<Fp8Kernels> {
         }
     };
     Ok(Fp8Kernels {
-        amax: by_input(dtype, "fp8_amax_f32", "fp8_amax_bf16"),
         cast,
         cast_2d,
         dequantize,
     })
+}
+
+/// Kernel names of one FP8 element format and input type (quantize_fp8.cu).
+struct Fp8Kernels {
+    cast: &'static str,
+    cast_2d: &'static str,
+    dequantize: &'static str,
 }
 
 /// A 1-D launch of `threads`-thread CTAs, each covering `per_cta` of `items`.
@@ -326,20 +310,10 @@ fn out_pointers(out: &DevBuf, dtype: DType) -> Result<(u64, u64)> {
 }
 
 impl CudaContext {
-    /// MX-quantizes `rows` rows of `len` f32 (row-major in `x`), as
-    /// [`crate::quant::quantize_rows`] does on the CPU, bit for bit.
-    pub fn quantize_mx_rows(
-        &self,
-        x: &DevBuf,
-        rows: usize,
-        len: usize,
-        cfg: &MxConfig,
-    ) -> Result<MxDevice> {
-        self.quantize_mx_rows_of(x, DType::F32, rows, len, cfg)
-    }
-
-    /// [`Self::quantize_mx_rows`] of f32 or BF16 input. BF16 widens to f32
-    /// exactly, so the result is the CPU quantizer's on the widened values.
+    /// MX-quantizes `rows` rows of `len` f32 or BF16 values (row-major in
+    /// `x`), as [`crate::quant::quantize_rows`] does on the CPU, bit for bit.
+    /// BF16 widens to f32 exactly, so the result is the CPU quantizer's on
+    /// the widened values.
     pub fn quantize_mx_rows_of(
         &self,
         x: &DevBuf,
@@ -399,50 +373,57 @@ impl CudaContext {
         } else {
             names.quantize
         };
-        let quantize = self.function(&QUANTIZE_MX, name)?;
         let cfg_q = grid(nblocks as u64, MX_QUANT_THREADS as u64, MX_QUANT_THREADS)?;
         let (xp, cp, sp) = (x.ptr(), q.codes.ptr(), q.scales.ptr());
-        self.bind()?;
-        let launch = |phase: i32, amax_ptr: u64| -> Result<()> {
-            let mut b = self.stream().launch_builder(&quantize);
-            b.arg(&xp)
-                .arg(&cp)
-                .arg(&sp)
-                .arg(&amax_ptr)
-                .arg(&rows32)
-                .arg(&len32)
-                .arg(&nb32)
-                .arg(&mode)
-                .arg(&phase)
-                .arg(&hadamard)
-                .arg(&sr)
-                .arg(&seed_lo)
-                .arg(&seed_hi)
-                .arg(&step)
-                .arg(&tensor_id);
-            // SAFETY: argument types and buffer sizes match quantize_mx_* in
-            // quantize_mx.cu; x, codes and scales come from the pool
-            // (256-byte aligned), as its 16-byte loads and stores need.
-            unsafe { b.launch(cfg_q) }
-                .map(|_| ())
-                .map_err(driver_err(format!("launch {name}")))
+        // As quantize_mx_* in quantize_mx.cu: x, codes and scales from the
+        // pool, 256-byte aligned for its 16-byte loads and stores.
+        let launch = |phase: Phase, amax_ptr: u64| -> Result<()> {
+            let phase = phase as i32;
+            launch_kernel!(
+                self,
+                &QUANTIZE_MX,
+                name,
+                cfg_q,
+                &xp,
+                &cp,
+                &sp,
+                &amax_ptr,
+                &rows32,
+                &len32,
+                &nb32,
+                &mode,
+                &phase,
+                &hadamard,
+                &sr,
+                &seed_lo,
+                &seed_hi,
+                &step,
+                &tensor_id
+            )
         };
         if !cfg.tile2d {
-            launch(PHASE_QUANTIZE, 0)?;
+            launch(Phase::Quantize, 0)?;
             return Ok(q);
         }
         // 32x32 tiles: per-block amax, per-tile scale bytes, then encode.
         let amax = self.alloc(nblocks * 4)?;
-        launch(PHASE_AMAX, amax.ptr())?;
-        let tiles = self.function(&QUANTIZE_MX, names.tile_scales)?;
+        launch(Phase::Amax, amax.ptr())?;
         let ntiles = rows.div_ceil(BLOCK) * nb;
         let ap = amax.ptr();
-        let mut b = self.stream().launch_builder(&tiles);
-        b.arg(&ap).arg(&sp).arg(&rows32).arg(&nb32).arg(&mode);
-        // SAFETY: matches mx_tile_scales_* in quantize_mx.cu.
-        unsafe { b.launch(grid(ntiles as u64, THREADS as u64, THREADS)?) }
-            .map_err(driver_err(format!("launch {}", names.tile_scales)))?;
-        launch(PHASE_ENCODE_FIXED, 0)?;
+        let cfg_t = grid(ntiles as u64, THREADS as u64, THREADS)?;
+        // As mx_tile_scales_* in quantize_mx.cu.
+        launch_kernel!(
+            self,
+            &QUANTIZE_MX,
+            names.tile_scales,
+            cfg_t,
+            &ap,
+            &sp,
+            &rows32,
+            &nb32,
+            &mode
+        )?;
+        launch(Phase::EncodeFixed, 0)?;
         Ok(q)
     }
 
@@ -464,44 +445,34 @@ impl CudaContext {
         if nblocks == 0 {
             return Ok(out);
         }
-        let f = self.function(&QUANTIZE_MX, names.dequantize)?;
         let (cp, sp) = (q.codes.ptr(), q.scales.ptr());
         let rows32 = to_u32(q.rows, "rows")?;
         let nb32 = to_u32(q.padded_len / BLOCK, "blocks per row")?;
         let out_len32 = to_u32(out_len, "row length")?;
-        self.bind()?;
-        let mut b = self.stream().launch_builder(&f);
-        b.arg(&cp)
-            .arg(&sp)
-            .arg(&of)
-            .arg(&ob)
-            .arg(&rows32)
-            .arg(&nb32)
-            .arg(&out_len32)
-            .arg(&out_len32)
-            .arg(&unrotate);
-        // SAFETY: matches dequantize_mx_* in quantize_mx.cu; `out` holds rows * out_len elements.
-        unsafe { b.launch(grid(nblocks as u64, MX_THREADS as u64, MX_THREADS)?) }
-            .map_err(driver_err(format!("launch {}", names.dequantize)))?;
+        // As dequantize_mx_* in quantize_mx.cu; `out` holds rows * out_len elements.
+        launch_kernel!(
+            self,
+            &QUANTIZE_MX,
+            names.dequantize,
+            grid(nblocks as u64, MX_THREADS as u64, MX_THREADS)?,
+            &cp,
+            &sp,
+            &of,
+            &ob,
+            &rows32,
+            &nb32,
+            &out_len32,
+            &out_len32,
+            &unrotate
+        )?;
         Ok(out)
     }
 
-    /// FP8 tensorwise quantization of `numel` f32 (SPEC section 3), bit for
-    /// bit as [`crate::quant::quantize_tensorwise`]. Runs without waiting for
-    /// the device: call [`Fp8Device::check_finite`] to get the CPU's
-    /// non-finite-amax error.
-    pub fn quantize_fp8_tensorwise(
-        &self,
-        x: &DevBuf,
-        numel: usize,
-        elem: ElemFormat,
-        pow2: bool,
-    ) -> Result<Fp8Device> {
-        self.quantize_fp8_of(x, DType::F32, numel, elem, pow2)
-    }
-
-    /// [`Self::quantize_fp8_tensorwise`] of f32 or BF16 input: amax and
-    /// scale ([`Self::fp8_amax_scale`]), then the cast ([`Self::fp8_cast`]).
+    /// FP8 tensorwise quantization of `numel` f32 or BF16 values (SPEC
+    /// section 3), bit for bit as [`crate::quant::quantize_tensorwise`] (of
+    /// the widened values for BF16): amax and scale, then the cast. Runs
+    /// without waiting for the device: call [`Fp8Device::check_finite`] to
+    /// get the CPU's non-finite-amax error.
     pub fn quantize_fp8_of(
         &self,
         x: &DevBuf,
@@ -510,23 +481,34 @@ impl CudaContext {
         elem: ElemFormat,
         pow2: bool,
     ) -> Result<Fp8Device> {
-        let state = self.fp8_amax_scale(x, dtype, numel, elem, pow2)?;
-        self.fp8_cast(x, dtype, numel, elem, state)
+        let (state, names) = self.fp8_amax_scale((x, dtype, numel), elem, pow2)?;
+        let q = Fp8Device {
+            numel,
+            elem,
+            codes: self.alloc(numel)?,
+            state,
+        };
+        let n = numel as u64;
+        if n > 0 {
+            let (xp, stp, cp) = (x.ptr(), q.state.ptr(), q.codes.ptr());
+            let threads = n.div_ceil(CAST_ELEMS);
+            // As fp8_cast_* in quantize_fp8.cu (16-byte accesses to x and codes).
+            let cfg = grid(threads, CAST_THREADS as u64, CAST_THREADS)?;
+            launch_kernel!(self, &QUANTIZE_FP8, names.cast, cfg, &xp, &stp, &cp, &n)?;
+        }
+        Ok(q)
     }
 
-    /// The FP8 scale state of `numel` f32 or BF16 values: amax, scale and
-    /// scale_inv in the slots [`Fp8Device`] documents (then the per-CTA
-    /// partials of the amax). Two launches, no host sync; the result feeds
-    /// [`Self::fp8_cast`] or [`Self::fp8_cast_2d`], and
-    /// [`state_scale_inv_ptr`] gives the GEMM's scale pointer.
-    pub fn fp8_amax_scale(
+    /// The FP8 scale state of `numel` f32 or BF16 values (amax, scale and
+    /// scale_inv in the slots [`Fp8Device`] documents, then the per-CTA
+    /// partials of the amax) and the kernels of `elem` for `dtype`. Two
+    /// launches, no host sync.
+    fn fp8_amax_scale(
         &self,
-        x: &DevBuf,
-        dtype: DType,
-        numel: usize,
+        (x, dtype, numel): (&DevBuf, DType, usize),
         elem: ElemFormat,
         pow2: bool,
-    ) -> Result<DevBuf> {
+    ) -> Result<(DevBuf, Fp8Kernels)> {
         let size = input_size(dtype)?;
         let names = fp8_kernels(elem, dtype)?;
         if x.len_bytes() < numel * size {
@@ -548,58 +530,26 @@ impl CudaContext {
         };
         let state = self.alloc(FP8_STATE_BYTES + 4 * parts as usize)?;
         let (xp, stp) = (x.ptr(), state.ptr());
-        self.bind()?;
         if parts > 0 {
-            let f = self.function(&QUANTIZE_FP8, names.amax)?;
-            let mut b = self.stream().launch_builder(&f);
-            b.arg(&xp).arg(&n).arg(&stp);
-            // SAFETY: matches fp8_amax_* in quantize_fp8.cu; the state holds
-            // `parts` partials; x is 256-byte aligned for the 16-byte loads.
-            unsafe { b.launch(grid(parts, 1, AMAX_THREADS)?) }
-                .map_err(driver_err(format!("launch {}", names.amax)))?;
+            // As fp8_amax_* in quantize_fp8.cu; the state holds `parts` partials.
+            let cfg = grid(parts, 1, AMAX_THREADS)?;
+            let amax = by_dtype(dtype, "fp8_amax_f32", "fp8_amax_bf16");
+            launch_kernel!(self, &QUANTIZE_FP8, amax, cfg, &xp, &n, &stp)?;
         }
-        let f = self.function(&QUANTIZE_FP8, "fp8_scale")?;
         let (parts32, fmt_max, pow2) = (parts as u32, elem.max_value(), pow2 as i32);
-        let mut b = self.stream().launch_builder(&f);
-        b.arg(&stp).arg(&parts32).arg(&fmt_max).arg(&pow2);
-        // SAFETY: matches fp8_scale in quantize_fp8.cu (one CTA).
-        unsafe { b.launch(grid(1, 1, AMAX_THREADS)?) }.map_err(driver_err("launch fp8_scale"))?;
-        Ok(state)
-    }
-
-    /// Casts `numel` f32 or BF16 values with the scale in `state` (from
-    /// [`Self::fp8_amax_scale`] with the same `elem`).
-    pub fn fp8_cast(
-        &self,
-        x: &DevBuf,
-        dtype: DType,
-        numel: usize,
-        elem: ElemFormat,
-        state: DevBuf,
-    ) -> Result<Fp8Device> {
-        let size = input_size(dtype)?;
-        let names = fp8_kernels(elem, dtype)?;
-        check_cast_args(x, numel * size, &state)?;
-        let q = Fp8Device {
-            numel,
-            elem,
-            codes: self.alloc(numel)?,
-            state,
-        };
-        let n = numel as u64;
-        if n > 0 {
-            let (xp, stp, cp) = (x.ptr(), q.state.ptr(), q.codes.ptr());
-            let f = self.function(&QUANTIZE_FP8, names.cast)?;
-            self.bind()?;
-            let mut b = self.stream().launch_builder(&f);
-            b.arg(&xp).arg(&stp).arg(&cp).arg(&n);
-            let threads = n.div_ceil(CAST_ELEMS);
-            // SAFETY: matches fp8_cast_* in quantize_fp8.cu; x and codes come
-            // from the pool (256-byte aligned), as the 16-byte accesses need.
-            unsafe { b.launch(grid(threads, CAST_THREADS as u64, CAST_THREADS)?) }
-                .map_err(driver_err(format!("launch {}", names.cast)))?;
-        }
-        Ok(q)
+        // As fp8_scale in quantize_fp8.cu (one CTA).
+        let cfg = grid(1, 1, AMAX_THREADS)?;
+        launch_kernel!(
+            self,
+            &QUANTIZE_FP8,
+            "fp8_scale",
+            cfg,
+            &stp,
+            &parts32,
+            &fmt_max,
+            &pow2
+        )?;
+        Ok((state, names))
     }
 
     /// FP8 tensorwise quantization of a row-major `[rows, cols]` f32 or BF16
@@ -619,30 +569,10 @@ impl CudaContext {
         pad_to: usize,
         outputs: Fp8Outputs,
     ) -> Result<Fp8Device2d> {
-        let state = self.fp8_amax_scale(x, dtype, rows * cols, elem, pow2)?;
-        self.fp8_cast_2d(x, dtype, rows, cols, elem, state, pad_to, outputs)
-    }
-
-    /// The cast of [`Self::quantize_fp8_2d`] with the scale in `state` (from
-    /// [`Self::fp8_amax_scale`] with the same `elem`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn fp8_cast_2d(
-        &self,
-        x: &DevBuf,
-        dtype: DType,
-        rows: usize,
-        cols: usize,
-        elem: ElemFormat,
-        state: DevBuf,
-        pad_to: usize,
-        outputs: Fp8Outputs,
-    ) -> Result<Fp8Device2d> {
-        let size = input_size(dtype)?;
-        let names = fp8_kernels(elem, dtype)?;
-        check_cast_args(x, rows * cols * size, &state)?;
         if pad_to == 0 {
             return Err(CudaError::Invalid("pad_to must be at least 1".into()));
         }
+        let (state, names) = self.fp8_amax_scale((x, dtype, rows * cols), elem, pow2)?;
         let (rows_pad, cols_pad) = (rows.next_multiple_of(pad_to), cols.next_multiple_of(pad_to));
         let bytes = rows_pad * cols_pad;
         let q = Fp8Device2d {
@@ -651,16 +581,8 @@ impl CudaContext {
             rows_pad,
             cols_pad,
             elem,
-            codes: if outputs.rows {
-                Some(self.alloc(bytes)?)
-            } else {
-                None
-            },
-            codes_t: if outputs.cols {
-                Some(self.alloc(bytes)?)
-            } else {
-                None
-            },
+            codes: outputs.rows.then(|| self.alloc(bytes)).transpose()?,
+            codes_t: outputs.cols.then(|| self.alloc(bytes)).transpose()?,
             state,
         };
         if bytes == 0 || !(outputs.rows || outputs.cols) {
@@ -675,22 +597,23 @@ impl CudaContext {
         let ptr = |b: &Option<DevBuf>| b.as_ref().map_or(0, DevBuf::ptr);
         let (xp, stp, cp, ctp) = (x.ptr(), q.state.ptr(), ptr(&q.codes), ptr(&q.codes_t));
         let tiles = (rows_pad as u64).div_ceil(CAST_TILE) * (cols_pad as u64).div_ceil(CAST_TILE);
-        let f = self.function(&QUANTIZE_FP8, names.cast_2d)?;
-        self.bind()?;
-        let mut b = self.stream().launch_builder(&f);
-        b.arg(&xp)
-            .arg(&stp)
-            .arg(&cp)
-            .arg(&ctp)
-            .arg(&rows32)
-            .arg(&cols32)
-            .arg(&rows_pad32)
-            .arg(&cols_pad32);
-        // SAFETY: matches fp8_cast_2d_* in quantize_fp8.cu; each output holds
-        // rows_pad * cols_pad bytes (a null one is skipped); 16-byte accesses
-        // are used only where the row lengths keep them aligned.
-        unsafe { b.launch(grid(tiles, 1, CAST_THREADS)?) }
-            .map_err(driver_err(format!("launch {}", names.cast_2d)))?;
+        // As fp8_cast_2d_* in quantize_fp8.cu; each output holds rows_pad *
+        // cols_pad bytes (a null one is skipped); 16-byte accesses are used
+        // only where the row lengths keep them aligned.
+        launch_kernel!(
+            self,
+            &QUANTIZE_FP8,
+            names.cast_2d,
+            grid(tiles, 1, CAST_THREADS)?,
+            &xp,
+            &stp,
+            &cp,
+            &ctp,
+            &rows32,
+            &cols32,
+            &rows_pad32,
+            &cols_pad32
+        )?;
         Ok(q)
     }
 
@@ -703,31 +626,20 @@ impl CudaContext {
         if n == 0 {
             return Ok(out);
         }
-        let f = self.function(&QUANTIZE_FP8, names.dequantize)?;
         let (cp, stp) = (q.codes.ptr(), q.state.ptr());
-        self.bind()?;
-        let mut b = self.stream().launch_builder(&f);
-        b.arg(&cp).arg(&stp).arg(&of).arg(&ob).arg(&n);
-        // SAFETY: matches fp8_dequantize_* in quantize_fp8.cu.
-        unsafe { b.launch(grid(n, THREADS as u64, THREADS)?) }
-            .map_err(driver_err(format!("launch {}", names.dequantize)))?;
+        // As fp8_dequantize_* in quantize_fp8.cu.
+        let cfg = grid(n, THREADS as u64, THREADS)?;
+        launch_kernel!(
+            self,
+            &QUANTIZE_FP8,
+            names.dequantize,
+            cfg,
+            &cp,
+            &stp,
+            &of,
+            &ob,
+            &n
+        )?;
         Ok(out)
     }
-}
-
-/// The input holds `bytes` and the state has its scale slots.
-fn check_cast_args(x: &DevBuf, bytes: usize, state: &DevBuf) -> Result<()> {
-    if x.len_bytes() < bytes {
-        return Err(CudaError::Invalid(format!(
-            "{} bytes of input, {bytes} needed",
-            x.len_bytes()
-        )));
-    }
-    if state.len_bytes() < FP8_STATE_BYTES {
-        return Err(CudaError::Invalid(format!(
-            "an FP8 state of {} bytes, not one from fp8_amax_scale",
-            state.len_bytes()
-        )));
-    }
-    Ok(())
 }

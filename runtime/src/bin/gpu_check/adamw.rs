@@ -1,5 +1,5 @@
-//! `cuda_adamw_check`: AdamW on the GPU (`runtime/kernels/adamw.cu`) against
-//! the CPU update of `optim.rs`, bit for bit.
+//! AdamW on the GPU (`runtime/kernels/adamw.cu`) against the CPU update of
+//! `optim.rs`, bit for bit.
 //!
 //! For each case (f32 and BF16 parameters, f32 and BF16 gradients, sizes
 //! below and above the CPU's parallel threshold, a non-contiguous gradient),
@@ -9,17 +9,13 @@
 //! optimizer and a copy restored through `state` / `set_state` must continue
 //! exactly like the original, and `clip_grad_norm` must agree with the CPU
 //! within accumulation-order noise.
-//!
-//! Prints one line per check and `summary: N passed, M failed`; exits 1 on a
-//! failure and 2 when there is no usable GPU.
-
-use std::process::ExitCode;
 
 use mxswitch_runtime::module::SplitMix64;
 use mxswitch_runtime::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use mxswitch_runtime::{DType, Device, Gradients, Param, Result, Tensor};
 
-const GPU: Device = Device::Cuda(0);
+use crate::common::{err, CheckResult, Report};
+use crate::ops::GPU;
 
 fn cfg() -> AdamWConfig {
     AdamWConfig {
@@ -192,7 +188,9 @@ fn case(
     Ok(None)
 }
 
-fn clip_case() -> Result<Option<String>> {
+/// `clip_grad_norm` over four gradients on both devices: the norms and the
+/// clipped norm agree within accumulation-order noise.
+fn clip_case() -> Result<CheckResult> {
     let shapes: [&[usize]; 4] = [&[64, 33], &[1000], &[3, 5, 7], &[70_000]];
     let mut per_device = Vec::new();
     for device in [Device::Cpu, GPU] {
@@ -216,100 +214,68 @@ fn clip_case() -> Result<Option<String>> {
         per_device.push((norm, after.sqrt()));
     }
     let ((cn, ca), (gn, ga)) = (per_device[0], per_device[1]);
-    println!("  clip: norm cpu {cn} gpu {gn}, after cpu {ca:.6} gpu {ga:.6}");
+    let nums = format!("norm cpu {cn} gpu {gn}, after cpu {ca:.6} gpu {ga:.6}");
     let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * a.abs().max(b.abs());
     if !close(f64::from(cn), f64::from(gn)) || !close(ca, ga) || (ga - 1.0).abs() > 1e-4 {
-        return Ok(Some("clip_grad_norm differs from the CPU".into()));
+        return Ok(Err(format!("clip_grad_norm differs from the CPU: {nums}")));
     }
-    Ok(None)
+    Ok(Ok(format!("GPU agrees with the CPU: {nums}")))
 }
 
-fn main() -> ExitCode {
-    if let Err(e) = Tensor::zeros(vec![1], DType::F32, &GPU) {
-        println!("no usable GPU: {e}");
-        return ExitCode::from(2);
-    }
-    let cases: Vec<(&str, Vec<usize>, DType, DType, bool)> = vec![
-        ("f32 [1]", vec![1], DType::F32, DType::F32, false),
-        ("f32 [37, 29]", vec![37, 29], DType::F32, DType::F32, false),
+/// Every AdamW case, then clipping.
+pub fn check_adamw(rep: &mut Report) {
+    let cases: [(&str, &[usize], DType, DType, bool); 8] = [
+        ("f32 [1]", &[1], DType::F32, DType::F32, false),
+        ("f32 [37, 29]", &[37, 29], DType::F32, DType::F32, false),
         (
             "f32 [300, 257] (parallel CPU)",
-            vec![300, 257],
+            &[300, 257],
             DType::F32,
             DType::F32,
             false,
         ),
-        (
-            "f32 [1 << 20]",
-            vec![1 << 20],
-            DType::F32,
-            DType::F32,
-            false,
-        ),
+        ("f32 [1 << 20]", &[1 << 20], DType::F32, DType::F32, false),
         (
             "f32, bf16 grad [123, 45]",
-            vec![123, 45],
+            &[123, 45],
             DType::F32,
             DType::BF16,
             false,
         ),
         (
             "bf16 [333, 129]",
-            vec![333, 129],
+            &[333, 129],
             DType::BF16,
             DType::BF16,
             false,
         ),
         (
             "bf16, f32 grad [4097]",
-            vec![4097],
+            &[4097],
             DType::BF16,
             DType::F32,
             false,
         ),
         (
             "f32, transposed grad [64, 48]",
-            vec![64, 48],
+            &[64, 48],
             DType::F32,
             DType::F32,
             true,
         ),
     ];
-    let (mut passed, mut failed) = (0, 0);
     for (i, (name, dims, wdt, gdt, tr)) in cases.iter().enumerate() {
-        match case(dims, *wdt, *gdt, *tr, 11 + i as u64) {
-            Ok(None) => {
-                passed += 1;
-                println!("ok   adamw {name}: 5 steps bit-identical (params, m, v); clone and set_state continue exactly");
-            }
-            Ok(Some(d)) => {
-                failed += 1;
-                println!("FAIL adamw {name}: {d}");
-            }
-            Err(e) => {
-                failed += 1;
-                println!("FAIL adamw {name}: error {e}");
-            }
-        }
+        let r = match case(dims, *wdt, *gdt, *tr, 11 + i as u64) {
+            Ok(None) => Ok(
+                "5 steps bit-identical (params, m, v); clone and set_state continue exactly".into(),
+            ),
+            Ok(Some(d)) => Err(d),
+            Err(e) => Err(err(e)),
+        };
+        rep.line(&format!("adamw {name}"), r);
     }
-    match clip_case() {
-        Ok(None) => {
-            passed += 1;
-            println!("ok   clip_grad_norm: GPU agrees with the CPU");
-        }
-        Ok(Some(d)) => {
-            failed += 1;
-            println!("FAIL clip_grad_norm: {d}");
-        }
-        Err(e) => {
-            failed += 1;
-            println!("FAIL clip_grad_norm: error {e}");
-        }
-    }
-    println!("summary: {passed} passed, {failed} failed");
-    if failed > 0 {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    }
+    rep.line(
+        "clip_grad_norm",
+        clip_case().unwrap_or_else(|e| Err(err(e))),
+    );
 }

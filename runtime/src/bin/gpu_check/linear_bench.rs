@@ -1,0 +1,110 @@
+//! Speed of the quantized linear on the GPU: fwd + bwd with BF16
+//! activations, one `BENCH linear` line per recipe and shape.
+
+use mxswitch_runtime::cuda::{bias_fallbacks, CudaDevice, CudaStorage};
+use mxswitch_runtime::qlinear::{self, LinearCtx, LinearShape};
+use mxswitch_runtime::recipe::{Recipe, RecipeKind};
+use mxswitch_runtime::DType;
+
+use crate::common::{err, gpu, median_ms, Report, Start};
+use crate::linear::{data, recipes, upload};
+
+/// The inputs of one timed shape on the GPU: x, W, b, dy.
+type Inputs = (CudaStorage, CudaStorage, CudaStorage, CudaStorage);
+
+/// Median milliseconds of one fwd + bwd (BF16 activations, with or without
+/// bias) over `iters` timed runs after two warm-ups, each from an idle device.
+fn time_recipe(
+    dev: &CudaDevice,
+    r: &Recipe,
+    s: LinearShape,
+    (x, w, b, dy): (
+        &CudaStorage,
+        &CudaStorage,
+        Option<&CudaStorage>,
+        &CudaStorage,
+    ),
+    iters: usize,
+) -> Result<f64, String> {
+    let lctx = LinearCtx {
+        layer: "bench",
+        iteration: 1,
+        seed: 3,
+        layer_id: 1,
+    };
+    let step = || -> Result<(), String> {
+        let (y, saved) = qlinear::forward(r, x, w, b, s, &lctx).map_err(err)?;
+        let has_bias = b.is_some();
+        let g = qlinear::backward(r, &saved, Some(w), dy, has_bias, DType::BF16, s, &lctx);
+        drop((y, saved, g.map_err(err)?));
+        Ok(())
+    };
+    let ms = median_ms(dev.context(), Start::Idle, 2, iters, step)?;
+    // The bench data is finite: a deferred non-finite amax is a failure.
+    gpu(dev.context().check_deferred())?;
+    Ok(ms)
+}
+
+/// Prints one `BENCH linear` line per recipe and shape (fwd + bwd,
+/// quantization included, TFLOP/s = 6 M K N / time).
+/// `BENCH linear_nobias` lines time the same without a bias: cuBLASLt has no
+/// f32 bias in a BF16-output or FP8 epilogue, so with a bias the forward
+/// writes an f32 result and adds the bias in a second pass; the difference
+/// measures that cost.
+fn run(dev: &CudaDevice, shapes: &[LinearShape], recipes: &[Recipe]) -> Result<(), String> {
+    for &s in shapes {
+        let (x, w, b, dy): Inputs = (
+            upload(dev, &data(s.m, s.k, 91, 1.0), DType::BF16)?,
+            upload(
+                dev,
+                &data(s.n, s.k, 92, 1.0 / (s.k as f64).sqrt()),
+                DType::F32,
+            )?,
+            upload(dev, &data(1, s.n, 93, 0.1), DType::F32)?,
+            upload(dev, &data(s.m, s.n, 94, 1e-3), DType::BF16)?,
+        );
+        for r in recipes {
+            for (bias, tag) in [(Some(&b), "linear"), (None, "linear_nobias")] {
+                let before = bias_fallbacks();
+                let ms = time_recipe(dev, r, s, (&x, &w, bias, &dy), 20)?;
+                if bias_fallbacks() != before {
+                    println!("  ({r}: bias added after the GEMM, not in its epilogue)");
+                }
+                let tf = 6.0 * (s.m * s.n * s.k) as f64 / (ms * 1e-3) / 1e12;
+                println!(
+                    "BENCH {tag} {r} M={} K={} N={} ms={ms:.4} tflops={tf:.1}",
+                    s.m, s.k, s.n
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every recipe at M = 4096, K = N = 3072, or with `large` issue 7's shapes
+/// at M = 16384 for bf16, fp8, mxfp4 and mxfp8; a failure is one FAIL line.
+pub fn bench(rep: &mut Report, large: bool) {
+    let shape = |m, k, n| LinearShape { m, k, n };
+    let r = CudaDevice::get(0).map_err(err).and_then(|dev| {
+        if large {
+            let m = 16384;
+            let shapes = [
+                shape(m, 3072, 12288),
+                shape(m, 12288, 3072),
+                shape(m, 3072, 3072),
+            ];
+            let kinds = [
+                RecipeKind::Bf16,
+                RecipeKind::Fp8,
+                RecipeKind::Mxfp4,
+                RecipeKind::Mxfp8,
+            ];
+            run(&dev, &shapes, &kinds.map(Recipe::new))
+        } else {
+            run(&dev, &[shape(4096, 3072, 3072)], &recipes()?)
+        }
+    });
+    if let Err(e) = r {
+        rep.line("linear timing", Err(e));
+    }
+}
