@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """GPU peer for issue 7: mxswitch and PyTorch in one run on the same GPU.
 
-1. Runs mxswitch's benchmark binaries from --bin (`cuda_check` and
-   `cuda_linear_check --bench`) and parses their `BENCH ...` lines.
+1. Runs mxswitch's GPU benchmarks from --bin (`gpu_check bench quantize
+   linear-large`) and parses their `BENCH ...` lines.
 2. Then, in this process, measures the PyTorch peers (CUDA events, warm-up,
    median of >= 20 samples):
    - quantize 8192x8192 bf16: a device-to-device copy (the copy baseline),
@@ -43,7 +43,7 @@ LIN_SHAPES = [(3072, 12288), (12288, 3072), (3072, 3072)]  # (K, N)
 
 # Quantize: mxswitch kernel GB/s divided by the bf16 copy's GB/s, at least this.
 QUANT_TARGETS = {"mxfp4_1x32_even_bf16": 1.0, "fp8_tensorwise_e4m3_bf16": 0.7}
-# Quantize kernels of cuda_check in print order; the torch peer of each, if any.
+# Quantize kernels of `gpu_check bench quantize` in print order; the torch peer of each, if any.
 QUANT_NAMES = [
     ("copy_bf16", "copy"),
     ("mxfp4_1x32_even_bf16", "mxfp4"),
@@ -498,7 +498,7 @@ def print_report(rep):
     print("  mx/copy: mxswitch GB/s / torch's copy GB/s (the target ratio). (own): the copy_ratio mxswitch printed, "
           "against its own copy_bf16.")
     print("  mx/torch: torch ms / mxswitch ms (> 1: mxswitch faster). The _f32 rows read f32 input: their GB/s is as "
-          "cuda_check printed it.")
+          "gpu_check printed it.")
     mxc = next((r for r in qs if r["kernel"] == "copy_bf16"), None)
     if mxc and mxc["mx_over_torch_copy"] and abs(mxc["mx_over_torch_copy"] - 1) > 0.1:
         print(f"  NOTE: mxswitch's copy_bf16 runs at {mxc['mx_over_torch_copy']:.2f}x torch's copy: the two copy "
@@ -719,10 +719,10 @@ def self_test():
 # ==========================================================================
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--bin", default=".devbin", help="folder with cuda_check and cuda_linear_check")
+    ap.add_argument("--bin", default=".devbin", help="folder with gpu_check")
     ap.add_argument("--json", default=None, help="write all results here (default $OUT/gpu_peer.json if OUT is set)")
     ap.add_argument("--samples", type=int, default=25, help="timed samples per torch measurement (median; >= 20)")
-    ap.add_argument("--bin-timeout", type=int, default=300, help="seconds per mxswitch binary")
+    ap.add_argument("--bin-timeout", type=int, default=300, help="seconds per mxswitch run")
     ap.add_argument("--mx-output", default=None,
                     help="read the mxswitch BENCH lines from this file instead of running the binaries")
     ap.add_argument("--skip-torch-linears", action="store_true")
@@ -743,7 +743,7 @@ def main():
         text = open(args.mx_output).read()
         mx_runs["file"] = {"cmd": args.mx_output, "rc": 0, "seconds": 0, "output": text}
     else:
-        for name, extra in (("cuda_check", []), ("cuda_linear_check", ["--bench"])):
+        for name, extra in (("gpu_check", ["bench", "quantize", "linear-large"]),):
             res = run_bin(os.path.join(args.bin, name), extra, args.bin_timeout)
             show_run(name, res)
             mx_runs[name] = res
