@@ -540,6 +540,12 @@ fn per_gemm_phases_in_a_ron_file_match_the_attribute() {
     assert_eq!(*PerGemmFromConfig::schedule(), *PerGemm::schedule());
     assert_eq!(PerGemmFromConfig::RECIPES, PerGemm::RECIPES);
     assert_eq!(PerGemmFromConfig::SCHEDULE_TEXT, PerGemm::SCHEDULE_TEXT);
+    let (mut from_file, mut from_attr) = (PerGemmFromConfig::new(1), PerGemm::new(1));
+    for it in [0, 12000, 15000] {
+        let (a, b) = (from_file.apply(it), from_attr.apply(it));
+        assert_eq!(a, b, "iteration {it}");
+        assert_eq!(from_file.tail[0].qkv.recipe, from_attr.tail[0].qkv.recipe);
+    }
 }
 
 /// A schedule that starts in `mxfp4` and from iteration 40 runs `mxfp4`
