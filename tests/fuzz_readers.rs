@@ -424,8 +424,8 @@ enum Token {
     String,
 }
 
-/// Replace one token of `b` (counted from a random point, wrapping round)
-/// with an interesting one; inputs without such a token get a byte flip.
+/// Replace a random token of `b` with an interesting one; an input without
+/// such a token gets a byte flip.
 fn replace_token(m: &mut Mutator, b: &mut Vec<u8>, kind: Token) {
     let spans = token_spans(b, kind);
     if spans.is_empty() {
@@ -438,9 +438,9 @@ fn replace_token(m: &mut Mutator, b: &mut Vec<u8>, kind: Token) {
     let (start, end) = *m.pick(&spans);
     let new = match kind {
         Token::Number => m.pick(INTERESTING_NUMBERS).as_bytes().to_vec(),
-        // An escaped JSON string inside a JSON string (the checkpoint's
-        // run record) keeps its quotes as \"; that part of the text is
-        // reached through its numbers and the byte mutations.
+        // The scan skips escaped quotes, so the strings of the run record
+        // (JSON inside a JSON string) are not tokens of their own; its
+        // numbers are, and `mutate_tensors` edits it as text.
         Token::String => m.pick(INTERESTING_STRINGS).as_bytes().to_vec(),
     };
     b.splice(start..end, new);
