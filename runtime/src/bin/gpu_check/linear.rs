@@ -120,7 +120,7 @@ fn check_case(dev: &CudaDevice, r: &Recipe, s: LinearShape, act: DType, seed: u6
         ));
     }
     // Results.
-    let [nf, nd, nw] = gemm_refs(r, (&xc, &wc, &dyc), (m, k, n), &lctx)?;
+    let [nf, nd, nw] = gemm_refs(r, (&x, &w, &dy), (m, k, n), &lctx)?;
     let bf = act == DType::BF16;
     let ry = within_bound("y", &gy, &values(&cy)?, &nf, bf)?;
     let rdx = within_bound("dx", &gdx, &values(&cg.dx)?, &nd, bf)?;

@@ -4,10 +4,11 @@
 
 use rayon::prelude::*;
 
-use mxswitch_runtime::backend::{Along, Format, LinearBackend, Want};
+use mxswitch_runtime::backend::{Along, Format, Want};
 use mxswitch_runtime::cpu::{CpuOperand, CpuStorage};
-use mxswitch_runtime::formats::ElemFormat;
+use mxswitch_runtime::formats::{bf16, ElemFormat};
 use mxswitch_runtime::qlinear::{LinearCtx, Saved};
+use mxswitch_runtime::quant::{quantize_mx, quantize_rows, quantize_tensorwise};
 use mxswitch_runtime::recipe::Recipe;
 
 use crate::common::{cpu, first_diff};
@@ -49,18 +50,44 @@ pub struct GemmRef {
     pub fp8_mma: bool,
 }
 
-/// Row norms of an operand along its reduction axis, and that axis' length.
-fn operand_norms(op: &CpuOperand) -> (Vec<f64>, usize) {
-    let m = op.matrix();
-    let values: Vec<f32> = if m.scale_inv == 1.0 {
-        m.values.to_vec()
-    } else {
-        m.values.par_iter().map(|&v| v * m.scale_inv).collect()
+/// The L2 norms of the rows of `want`'s operand of the `[rows, cols]`
+/// matrix `x` along its reduction axis, as the CPU quantizers
+/// ([`mxswitch_runtime::quant`]) dequantize it, and that axis' length.
+fn operand_norms(
+    x: &[f32],
+    (rows, cols): (usize, usize),
+    want: Want,
+) -> Result<(Vec<f64>, usize), String> {
+    let (values, rows, cols, along) = match want.format {
+        Format::Bf16 => (
+            x.par_iter().map(|&v| bf16::round(v)).collect(),
+            rows,
+            cols,
+            want.along,
+        ),
+        Format::Tensorwise { elem, pow2 } => {
+            let q = cpu(quantize_tensorwise(
+                x,
+                &[rows, cols],
+                elem,
+                pow2,
+                "reference",
+            ))?;
+            (q.dequantize(), rows, cols, want.along)
+        }
+        // MX blocks run along the reduction axis: axis-last rows.
+        Format::Mx(cfg) => {
+            let q = match want.along {
+                Along::Cols => cpu(quantize_rows(x, rows, cols, &cfg))?,
+                Along::Rows => cpu(quantize_mx(x, &[rows, cols], 0, &cfg))?,
+            };
+            (q.dequantize_rows(), q.rows, q.padded_len, Along::Cols)
+        }
     };
-    match m.along {
-        Along::Cols => (row_norms(&values, m.rows, m.cols), m.cols),
-        Along::Rows => (col_norms(&values, m.rows, m.cols), m.rows),
-    }
+    Ok(match along {
+        Along::Cols => (row_norms(&values, rows, cols), cols),
+        Along::Rows => (col_norms(&values, rows, cols), rows),
+    })
 }
 
 /// Whether cuBLASLt multiplies these operands in FP8: both tensorwise in
@@ -78,58 +105,40 @@ fn fp8_mma(a: &Want, b: &Want) -> bool {
     }
 }
 
-/// The CPU operand of `want` for the `[rows, cols]` matrix `x`.
-fn operand(x: &CpuStorage, rows: usize, cols: usize, want: Want) -> Result<CpuOperand, String> {
-    let (mut ops, _) = cpu(x.quantize(rows, cols, &[want], None, &|| "reference".into()))?;
-    ops.pop()
-        .ok_or_else(|| "the CPU quantizer gave no operand".into())
-}
-
 /// fprop, dgrad and wgrad of `r` as the CPU runs them on x `[m, k]`, W
 /// `[n, k]` and dy `[m, n]` (each GEMM's operands as its spec asks, the
 /// gradients with the linear's SR keys, W as dgrad keeps it).
 pub fn gemm_refs(
     r: &Recipe,
-    (x, w, dy): (&CpuStorage, &CpuStorage, &CpuStorage),
+    (x, w, dy): (&[f32], &[f32], &[f32]),
     (m, k, n): (usize, usize, usize),
     l: &LinearCtx,
 ) -> Result<[GemmRef; 3], String> {
     let spec = r.spec();
     let want = |s, along, sr| cpu(Want::new(s, along, sr));
     let dgrad_w = spec.saved().w.unwrap_or(spec.dgrad.b);
+    let (sr_dgrad, sr_wgrad) = (Some(l.sr_key(0)), Some(l.sr_key(1)));
+    // Per GEMM: (a's matrix, its [rows, cols], its want), then b's.
     let gemms = [
-        (
-            (x, m, k, want(&spec.fprop.a, Along::Cols, None)?),
-            (w, n, k, want(&spec.fprop.b, Along::Cols, None)?),
-        ),
-        (
-            (
-                dy,
-                m,
-                n,
-                want(&spec.dgrad.a, Along::Cols, Some(l.sr_key(0)))?,
-            ),
-            (w, n, k, want(&dgrad_w, Along::Rows, None)?),
-        ),
-        (
-            (
-                dy,
-                m,
-                n,
-                want(&spec.wgrad.a, Along::Rows, Some(l.sr_key(1)))?,
-            ),
-            (x, m, k, want(&spec.wgrad.b, Along::Rows, None)?),
-        ),
+        (x, (m, k), want(&spec.fprop.a, Along::Cols, None)?),
+        (w, (n, k), want(&spec.fprop.b, Along::Cols, None)?),
+        (dy, (m, n), want(&spec.dgrad.a, Along::Cols, sr_dgrad)?),
+        (w, (n, k), want(&dgrad_w, Along::Rows, None)?),
+        (dy, (m, n), want(&spec.wgrad.a, Along::Rows, sr_wgrad)?),
+        (x, (m, k), want(&spec.wgrad.b, Along::Rows, None)?),
     ];
     let mut out = Vec::with_capacity(3);
-    for ((ta, ra, ca, wa), (tb, rb, cb, wb)) in gemms {
-        let (a, k_red) = operand_norms(&operand(ta, ra, ca, wa)?);
-        let (b, _) = operand_norms(&operand(tb, rb, cb, wb)?);
+    for pair in gemms.chunks(2) {
+        let [(ta, da, wa), (tb, db, wb)] = pair else {
+            return Err("two operands per GEMM".into());
+        };
+        let (a, k_red) = operand_norms(ta, *da, *wa)?;
+        let (b, _) = operand_norms(tb, *db, *wb)?;
         out.push(GemmRef {
             a,
             b,
             k_red,
-            fp8_mma: fp8_mma(&wa, &wb),
+            fp8_mma: fp8_mma(wa, wb),
         });
     }
     out.try_into()
