@@ -162,7 +162,7 @@ fn gemm_case(ctx: &CudaContext, c: &GemmCase, seed: u64) -> std::result::Result<
     let mut written = vec![false; len_y];
     let (mut cpu, mut gpu, mut bound) = (vec![], vec![], vec![]);
     // f32 accumulation of k products and the bias; FP8 tensor cores keep
-    // ~14 bits inside one MMA before promoting (as in cuda_check).
+    // ~14 bits inside one MMA before promoting (as in gemm.rs).
     let acc = (k + 1) as f64 * 2f64.powi(-23) + if fp8 { 2f64.powi(-9) } else { 0.0 };
     let scale = f64::from(sa) * f64::from(sb);
     for bi in 0..batch {
