@@ -147,6 +147,26 @@ impl Want {
     }
 }
 
+/// What [`LinearBackend::quantize`] is asked for: the copies of one packed
+/// row-major `[rows, cols]` matrix (f32 or BF16) that GEMMs about to run
+/// read (`now`), and the compact copy saved for the backward (`keep`).
+/// `label` names the tensor in a non-finite-amax error (SPEC section 3).
+#[derive(Clone, Copy)]
+pub struct Request<'r> {
+    pub rows: usize,
+    pub cols: usize,
+    pub now: &'r [Want],
+    pub keep: Option<Want>,
+    pub label: &'r dyn Fn() -> String,
+}
+
+/// The answer to a [`Request`]: one operand per entry of `now`, in order,
+/// and the kept copy.
+pub struct Quantized<'a, B: LinearBackend> {
+    pub now: Vec<B::Operand<'a>>,
+    pub keep: Option<B::Operand<'static>>,
+}
+
 /// A storage packed from element 0: its own buffer when the view already is,
 /// else a packed copy.
 pub enum Packed<'a, B> {
@@ -187,20 +207,9 @@ pub trait LinearBackend: BackendStorage + 'static {
     where
         Self: 'a;
 
-    /// Quantizes the packed row-major `[rows, cols]` matrix in `self` (f32
-    /// or BF16) once per entry of `now` (operands of GEMMs about to run)
-    /// and of `keep` (the compact copy saved for the backward), sharing
-    /// passes over the input where the formats allow. `label` names the
-    /// tensor in a non-finite-amax error (SPEC section 3).
-    #[allow(clippy::type_complexity)]
-    fn quantize<'a>(
-        &'a self,
-        rows: usize,
-        cols: usize,
-        now: &[Want],
-        keep: Option<Want>,
-        label: &dyn Fn() -> String,
-    ) -> Result<(Vec<Self::Operand<'a>>, Option<Self::Operand<'static>>)>;
+    /// Serves `req` from the matrix in `self`, sharing passes over the
+    /// input between the copies where the formats allow.
+    fn quantize<'a>(&'a self, req: &Request) -> Result<Quantized<'a, Self>>;
 
     /// `[rows of a, rows of b]` = a · b^T summed over the reduction axis,
     /// times both scales, plus `bias` (f32, one per column), as `out` (f32
@@ -242,19 +251,22 @@ pub struct AdamWScalars {
     pub eps: f32,
 }
 
+/// One AdamW step of the parameter held by a storage.
+pub struct AdamWStep<'a, B> {
+    /// The parameter's view of the storage.
+    pub layout: &'a Layout,
+    pub grad: &'a B,
+    pub grad_layout: &'a Layout,
+    /// The f32 moments, packed, one per element; updated in place.
+    pub m: &'a mut B,
+    pub v: &'a mut B,
+    pub scalars: &'a AdamWScalars,
+}
+
 /// The optimizer's update, so a parameter on a device is updated there.
 pub trait OptimBackend: BackendStorage {
-    /// One AdamW step: returns the new parameter (of `self`'s dtype) and
-    /// updates the f32 moments `m` and `v` (packed, one per element) in place.
-    fn adamw_step(
-        &self,
-        layout: &Layout,
-        grad: &Self,
-        grad_layout: &Layout,
-        m: &mut Self,
-        v: &mut Self,
-        s: &AdamWScalars,
-    ) -> Result<Self>;
+    /// Returns the new parameter, of `self`'s dtype.
+    fn adamw_step(&self, step: AdamWStep<'_, Self>) -> Result<Self>;
 }
 
 /// Allocator counts of a device, for reports.

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use crate::module::{linear_slots, Init, ParamSlot, Parameters};
 use crate::ops::{apply_custom, CustomOp};
 use crate::plan::{LinearSite, PlanLinear};
-use crate::qlinear::{reads_master_weight, LinearCtx, LinearShape};
+use crate::qlinear::{reads_master_weight, LinearCall, LinearCtx, LinearShape};
 use crate::recipe::{Recipe, RecipeKind};
 use crate::storage::{SavedLinear, Storage};
-use crate::{DType, Error, Param, Result, Tensor};
+use crate::{Error, Param, Result, Tensor};
 
 /// A quantized linear of the precision plan (a `#[quantize]` field).
 ///
@@ -31,12 +31,12 @@ pub struct QuantLinear {
     /// Position in the plan: keys the stochastic rounding of its gradients.
     index: u64,
     iteration: u64,
-    /// Seed of stochastic rounding.
-    pub seed: u64,
     /// [out_features, in_features], f32 master weight.
     pub weight: Option<Param>,
     /// `[out_features]`, f32.
     pub bias: Option<Param>,
+    /// Seed of stochastic rounding.
+    pub seed: u64,
 }
 
 impl QuantLinear {
@@ -98,7 +98,6 @@ impl QuantLinear {
                 .copied()
                 .chain([self.out_features])
                 .collect(),
-            act_dtype: x.dtype(),
             path: self.path.clone(),
             iteration: self.iteration,
             seed: self.seed,
@@ -144,7 +143,6 @@ struct LinearOp {
     recipe: Recipe,
     shape: LinearShape,
     out_dims: Vec<usize>,
-    act_dtype: DType,
     path: Arc<str>,
     iteration: u64,
     seed: u64,
@@ -161,12 +159,16 @@ struct LinearSaved {
 }
 
 impl LinearOp {
-    fn ctx(&self) -> LinearCtx<'_> {
-        LinearCtx {
-            layer: &self.path,
-            iteration: self.iteration,
-            seed: self.seed,
-            layer_id: self.index,
+    fn call(&self) -> LinearCall<'_> {
+        LinearCall {
+            recipe: &self.recipe,
+            shape: self.shape,
+            ctx: LinearCtx {
+                layer: &self.path,
+                iteration: self.iteration,
+                seed: self.seed,
+                layer_id: self.index,
+            },
         }
     }
 
@@ -199,12 +201,10 @@ impl CustomOp for LinearOp {
         _needs_backward: bool,
     ) -> Result<(Vec<Tensor>, LinearSaved)> {
         let (y, saved) = Storage::linear_forward(
-            &self.recipe,
+            &self.call(),
             view(&inputs[0]),
             view(&inputs[1]),
             inputs.get(2).map(view),
-            self.shape,
-            &self.ctx(),
         )?;
         let weight = reads_master_weight(&self.recipe).then(|| inputs[1].clone());
         Ok((
@@ -234,14 +234,10 @@ impl CustomOp for LinearOp {
             return Ok(vec![None; if saved.has_bias { 3 } else { 2 }]);
         };
         let g = Storage::linear_backward(
-            &self.recipe,
+            &self.call(),
             &saved.saved,
             saved.weight.as_ref().map(view),
             view(dy),
-            saved.has_bias,
-            self.act_dtype,
-            self.shape,
-            &self.ctx(),
         )?;
         let (n, k) = (self.shape.n, self.shape.k);
         let mut out = vec![

@@ -5,8 +5,8 @@
 //! unchanged (candle's dummy backend does the same).
 
 use crate::backend::{
-    AdamWScalars, BackendDevice, BackendStorage, DeviceStatus, LinearBackend, MemoryStats,
-    OptimBackend, Want,
+    AdamWStep, BackendDevice, BackendStorage, DeviceStatus, LinearBackend, MemoryStats,
+    OptimBackend, Quantized, Request,
 };
 use crate::cpu::{CpuOperand, CpuStorage};
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
@@ -106,14 +106,7 @@ impl BackendDevice for CudaDevice {
 impl LinearBackend for CudaStorage {
     type Operand<'a> = std::convert::Infallible;
 
-    fn quantize<'a>(
-        &'a self,
-        _: usize,
-        _: usize,
-        _: &[Want],
-        _: Option<Want>,
-        _: &dyn Fn() -> String,
-    ) -> Result<(Vec<Self::Operand<'a>>, Option<Self::Operand<'static>>)> {
+    fn quantize(&self, _: &Request) -> Result<Quantized<'_, Self>> {
         match *self {}
     }
     fn gemm(
@@ -140,15 +133,7 @@ impl LinearBackend for CudaStorage {
 }
 
 impl OptimBackend for CudaStorage {
-    fn adamw_step(
-        &self,
-        _: &Layout,
-        _: &Self,
-        _: &Layout,
-        _: &mut Self,
-        _: &mut Self,
-        _: &AdamWScalars,
-    ) -> Result<Self> {
+    fn adamw_step(&self, _: AdamWStep<'_, Self>) -> Result<Self> {
         match *self {}
     }
 }

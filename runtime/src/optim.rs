@@ -99,11 +99,12 @@ impl Moments {
 /// Moments are f32; a BF16 parameter is updated in f32 and rounded back.
 /// Cloning copies the whole state (warm-up restores it bit for bit).
 ///
-/// With feature `cuda`, a parameter on a GPU whose gradient is on the same
-/// GPU is updated there (`runtime/kernels/adamw.cu`, the same f32 operations
-/// in the same order as the CPU, so the same bits), and its moments stay on
-/// that GPU; [`AdamW::state`] downloads them and [`AdamW::set_state`]'s host
-/// values are uploaded at the parameter's next GPU step.
+/// A parameter is updated on its own device by that backend's
+/// [`OptimBackend`](crate::backend::OptimBackend) (on a GPU,
+/// `runtime/kernels/adamw.cu`: the same f32 operations in the same order as
+/// the CPU, so the same bits), a gradient elsewhere being moved there first;
+/// its moments stay on that device. [`AdamW::state`] downloads them and
+/// [`AdamW::set_state`]'s host values move at the parameter's next step.
 pub struct AdamW {
     config: AdamWConfig,
     state: HashMap<ParamId, Moments>,

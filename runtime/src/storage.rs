@@ -12,20 +12,46 @@
 use std::borrow::Cow;
 
 use crate::backend::{
-    AdamWScalars, BackendDevice, BackendStorage, DeviceStatus, LinearBackend, MemoryStats,
-    OptimBackend, Packed,
+    AdamWScalars, AdamWStep, BackendDevice, BackendStorage, DeviceStatus, LinearBackend,
+    MemoryStats, OptimBackend, Packed,
 };
 use crate::cpu::{CpuDevice, CpuStorage};
 use crate::cuda::{CudaDevice, CudaStorage};
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
-use crate::qlinear::{self, Grads, LinearCtx, LinearShape, Saved};
-use crate::recipe::Recipe;
+use crate::qlinear::{self, Grads, LinearCall, Saved};
 use crate::{DType, Device, Error, Layout, Result, Shape};
 
 /// A tensor's buffer on its device.
 pub enum Storage {
     Cpu(CpuStorage),
     Cuda(CudaStorage),
+}
+
+/// `$body` on the backend storage held by `$s`, timed as `$name`, its
+/// result wrapped in the same variant: the one-operand dispatch.
+macro_rules! map {
+    ($name:literal, $s:expr, |$b:ident| $body:expr) => {{
+        let _p = crate::profile::scope($name, $s.device());
+        Ok(match $s {
+            Storage::Cpu($b) => Storage::Cpu($body),
+            Storage::Cuda($b) => Storage::Cuda($body),
+        })
+    }};
+}
+
+/// `$body` on the backend storages of `$a` and `$b`, which must be the
+/// same backend's and dtype (`$op` names the op in errors), timed as
+/// `$name`: the two-operand dispatch.
+macro_rules! map2 {
+    ($name:literal, $op:expr, $a:expr, $b:expr, |$x:ident, $y:ident| $body:expr) => {{
+        let _p = crate::profile::scope($name, $a.device());
+        $a.same_dtype($b, $op)?;
+        Ok(match ($a, $b) {
+            (Storage::Cpu($x), Storage::Cpu($y)) => Storage::Cpu($body),
+            (Storage::Cuda($x), Storage::Cuda($y)) => Storage::Cuda($body),
+            (a, b) => return Err(mixed($op, a, b)),
+        })
+    }};
 }
 
 impl Storage {
@@ -88,35 +114,19 @@ impl Storage {
     }
 
     pub(crate) fn copy_strided(&self, layout: &Layout) -> Result<Storage> {
-        let _p = crate::profile::scope("copy_strided", self.device());
-        match self {
-            Storage::Cpu(s) => Ok(Storage::Cpu(s.copy_strided(layout)?)),
-            Storage::Cuda(s) => Ok(Storage::Cuda(s.copy_strided(layout)?)),
-        }
+        map!("copy_strided", self, |s| s.copy_strided(layout)?)
     }
 
     pub(crate) fn to_dtype(&self, layout: &Layout, dtype: DType) -> Result<Storage> {
-        let _p = crate::profile::scope("to_dtype", self.device());
-        match self {
-            Storage::Cpu(s) => Ok(Storage::Cpu(s.to_dtype(layout, dtype)?)),
-            Storage::Cuda(s) => Ok(Storage::Cuda(s.to_dtype(layout, dtype)?)),
-        }
+        map!("to_dtype", self, |s| s.to_dtype(layout, dtype)?)
     }
 
     pub(crate) fn unary(&self, layout: &Layout, op: UnaryOp) -> Result<Storage> {
-        let _p = crate::profile::scope("unary", self.device());
-        match self {
-            Storage::Cpu(s) => Ok(Storage::Cpu(s.unary(layout, op)?)),
-            Storage::Cuda(s) => Ok(Storage::Cuda(s.unary(layout, op)?)),
-        }
+        map!("unary", self, |s| s.unary(layout, op)?)
     }
 
     pub(crate) fn affine(&self, layout: &Layout, mul: f32, add: f32) -> Result<Storage> {
-        let _p = crate::profile::scope("affine", self.device());
-        match self {
-            Storage::Cpu(s) => Ok(Storage::Cpu(s.affine(layout, mul, add)?)),
-            Storage::Cuda(s) => Ok(Storage::Cuda(s.affine(layout, mul, add)?)),
-        }
+        map!("affine", self, |s| s.affine(layout, mul, add)?)
     }
 
     pub(crate) fn binary(
@@ -126,25 +136,12 @@ impl Storage {
         rhs_layout: &Layout,
         op: BinaryOp,
     ) -> Result<Storage> {
-        let _p = crate::profile::scope("binary", self.device());
-        self.same_dtype(rhs, op.name())?;
-        match (self, rhs) {
-            (Storage::Cpu(a), Storage::Cpu(b)) => {
-                Ok(Storage::Cpu(a.binary(layout, b, rhs_layout, op)?))
-            }
-            (Storage::Cuda(a), Storage::Cuda(b)) => {
-                Ok(Storage::Cuda(a.binary(layout, b, rhs_layout, op)?))
-            }
-            (a, b) => Err(mixed(op.name(), a, b)),
-        }
+        map2!("binary", op.name(), self, rhs, |a, b| a
+            .binary(layout, b, rhs_layout, op)?)
     }
 
     pub(crate) fn reduce(&self, layout: &Layout, op: ReduceOp, axis: usize) -> Result<Storage> {
-        let _p = crate::profile::scope("reduce", self.device());
-        match self {
-            Storage::Cpu(s) => Ok(Storage::Cpu(s.reduce(layout, op, axis)?)),
-            Storage::Cuda(s) => Ok(Storage::Cuda(s.reduce(layout, op, axis)?)),
-        }
+        map!("reduce", self, |s| s.reduce(layout, op, axis)?)
     }
 
     pub(crate) fn matmul(
@@ -153,17 +150,8 @@ impl Storage {
         rhs: &Storage,
         rhs_layout: &Layout,
     ) -> Result<Storage> {
-        let _p = crate::profile::scope("matmul", self.device());
-        self.same_dtype(rhs, "matmul")?;
-        match (self, rhs) {
-            (Storage::Cpu(a), Storage::Cpu(b)) => {
-                Ok(Storage::Cpu(a.matmul(layout, b, rhs_layout)?))
-            }
-            (Storage::Cuda(a), Storage::Cuda(b)) => {
-                Ok(Storage::Cuda(a.matmul(layout, b, rhs_layout)?))
-            }
-            (a, b) => Err(mixed("matmul", a, b)),
-        }
+        map2!("matmul", "matmul", self, rhs, |a, b| a
+            .matmul(layout, b, rhs_layout)?)
     }
 
     pub(crate) fn concat(parts: &[(&Storage, &Layout)], axis: usize) -> Result<Storage> {
@@ -175,35 +163,13 @@ impl Storage {
             first.same_dtype(s, "concat")?;
         }
         match first {
-            Storage::Cpu(_) => {
-                let cpu = parts
-                    .iter()
-                    .map(|&(s, l)| match s {
-                        Storage::Cpu(c) => Ok((c, l)),
-                        other => Err(mixed("concat", first, other)),
-                    })
-                    .collect::<Result<Vec<(&CpuStorage, &Layout)>>>()?;
-                Ok(Storage::Cpu(CpuStorage::concat(&cpu, axis)?))
-            }
-            Storage::Cuda(_) => {
-                let gpu = parts
-                    .iter()
-                    .map(|&(s, l)| match s {
-                        Storage::Cuda(c) => Ok((c, l)),
-                        other => Err(mixed("concat", first, other)),
-                    })
-                    .collect::<Result<Vec<(&CudaStorage, &Layout)>>>()?;
-                Ok(Storage::Cuda(CudaStorage::concat(&gpu, axis)?))
-            }
+            Storage::Cpu(_) => concat_on::<CpuStorage>(first, parts, axis),
+            Storage::Cuda(_) => concat_on::<CudaStorage>(first, parts, axis),
         }
     }
 
     pub(crate) fn softmax_last_dim(&self, layout: &Layout) -> Result<Storage> {
-        let _p = crate::profile::scope("softmax", self.device());
-        match self {
-            Storage::Cpu(s) => Ok(Storage::Cpu(s.softmax_last_dim(layout)?)),
-            Storage::Cuda(s) => Ok(Storage::Cuda(s.softmax_last_dim(layout)?)),
-        }
+        map!("softmax", self, |s| s.softmax_last_dim(layout)?)
     }
 
     pub(crate) fn norm_last_dim(
@@ -258,41 +224,31 @@ trait Variant: Sized {
     fn wrap(self) -> Storage;
 }
 
-impl Variant for CpuStorage {
-    fn of(s: &Storage) -> Option<&Self> {
-        match s {
-            Storage::Cpu(c) => Some(c),
-            _ => None,
+/// [`Variant`] of the storage held by `Storage::$arm`.
+macro_rules! variant {
+    ($t:ty, $arm:ident) => {
+        impl Variant for $t {
+            fn of(s: &Storage) -> Option<&Self> {
+                match s {
+                    Storage::$arm(c) => Some(c),
+                    _ => None,
+                }
+            }
+            fn of_mut(s: &mut Storage) -> Option<&mut Self> {
+                match s {
+                    Storage::$arm(c) => Some(c),
+                    _ => None,
+                }
+            }
+            fn wrap(self) -> Storage {
+                Storage::$arm(self)
+            }
         }
-    }
-    fn of_mut(s: &mut Storage) -> Option<&mut Self> {
-        match s {
-            Storage::Cpu(c) => Some(c),
-            _ => None,
-        }
-    }
-    fn wrap(self) -> Storage {
-        Storage::Cpu(self)
-    }
+    };
 }
 
-impl Variant for CudaStorage {
-    fn of(s: &Storage) -> Option<&Self> {
-        match s {
-            Storage::Cuda(c) => Some(c),
-            _ => None,
-        }
-    }
-    fn of_mut(s: &mut Storage) -> Option<&mut Self> {
-        match s {
-            Storage::Cuda(c) => Some(c),
-            _ => None,
-        }
-    }
-    fn wrap(self) -> Storage {
-        Storage::Cuda(self)
-    }
-}
+variant!(CpuStorage, Cpu);
+variant!(CudaStorage, Cuda);
 
 /// `s` as the backend storage of `first`, or the mixed-devices error.
 fn same<'a, B: Variant>(op: &str, first: &Storage, s: &'a Storage) -> Result<&'a B> {
@@ -300,6 +256,18 @@ fn same<'a, B: Variant>(op: &str, first: &Storage, s: &'a Storage) -> Result<&'a
         Some(b) if s.device() == first.device() => Ok(b),
         _ => Err(mixed(op, first, s)),
     }
+}
+
+fn concat_on<B: BackendStorage + Variant>(
+    first: &Storage,
+    parts: &[(&Storage, &Layout)],
+    axis: usize,
+) -> Result<Storage> {
+    let parts = parts
+        .iter()
+        .map(|&(s, l)| Ok((same::<B>("concat", first, s)?, l)))
+        .collect::<Result<Vec<(&B, &Layout)>>>()?;
+    Ok(B::concat(&parts, axis)?.wrap())
 }
 
 /// What a quantized linear's forward keeps, in the memory of the backend
@@ -330,44 +298,34 @@ impl SavedLinear {
 /// A tensor's storage and layout, as the linear dispatch takes its operands.
 pub(crate) type View<'a> = (&'a Storage, &'a Layout);
 
-fn linear_forward_on<B: LinearBackend + Variant>(
-    recipe: &Recipe,
-    x: View,
-    w: View,
-    b: Option<View>,
-    s: LinearShape,
-    ctx: &LinearCtx,
-) -> Result<(B, Saved<B>)> {
-    let first = x.0;
-    let op = "linear";
-    let x = Packed::of(same::<B>(op, first, x.0)?, x.1)?;
-    let w = Packed::of(same::<B>(op, first, w.0)?, w.1)?;
-    let b = match b {
-        Some(b) => Some(Packed::of(same::<B>(op, first, b.0)?, b.1)?),
-        None => None,
-    };
-    qlinear::forward(recipe, &*x, &*w, b.as_deref(), s, ctx)
+/// `v` packed, as the storage of backend `B` on `first`'s device.
+fn packed<'a, B: BackendStorage + Variant>(
+    op: &str,
+    first: &Storage,
+    v: View<'a>,
+) -> Result<Packed<'a, B>> {
+    Packed::of(same::<B>(op, first, v.0)?, v.1)
 }
 
-#[allow(clippy::too_many_arguments)]
+fn linear_forward_on<B: LinearBackend + Variant>(
+    call: &LinearCall,
+    (x, w, b): (View, View, Option<View>),
+) -> Result<(B, Saved<B>)> {
+    let op = "linear";
+    let b = b.map(|b| packed::<B>(op, x.0, b)).transpose()?;
+    let (x, w) = (packed::<B>(op, x.0, x)?, packed::<B>(op, x.0, w)?);
+    qlinear::forward(call, &x, &w, b.as_deref())
+}
+
 fn linear_backward_on<B: LinearBackend + Variant>(
-    recipe: &Recipe,
+    call: &LinearCall,
     saved: &Saved<B>,
-    w: Option<View>,
-    dy: View,
-    has_bias: bool,
-    dx_dtype: DType,
-    s: LinearShape,
-    ctx: &LinearCtx,
+    (w, dy): (Option<View>, View),
 ) -> Result<Grads<Storage>> {
-    let first = dy.0;
     let op = "linear backward";
-    let dy = Packed::of(same::<B>(op, first, dy.0)?, dy.1)?;
-    let w = match w {
-        Some(w) => Some(Packed::of(same::<B>(op, first, w.0)?, w.1)?),
-        None => None,
-    };
-    let g = qlinear::backward(recipe, saved, w.as_deref(), &dy, has_bias, dx_dtype, s, ctx)?;
+    let w = w.map(|w| packed::<B>(op, dy.0, w)).transpose()?;
+    let dy = packed::<B>(op, dy.0, dy)?;
+    let g = qlinear::backward(call, saved, w.as_deref(), &dy)?;
     Ok(Grads {
         dx: g.dx.wrap(),
         dw: g.dw.wrap(),
@@ -391,50 +349,48 @@ fn adamw_on<B: OptimBackend + Variant>(
             first.device()
         )));
     };
-    Ok(w.0.adamw_step(w.1, g, grad.1, m, v, s)?.wrap())
+    let step = AdamWStep {
+        layout: w.1,
+        grad: g,
+        grad_layout: grad.1,
+        m,
+        v,
+        scalars: s,
+    };
+    Ok(w.0.adamw_step(step)?.wrap())
 }
 
 impl Storage {
     /// The quantized linear's forward ([`qlinear::forward`]) on the backend
     /// holding x; W and b must be on the same device.
     pub(crate) fn linear_forward(
-        recipe: &Recipe,
+        call: &LinearCall,
         x: View,
         w: View,
         b: Option<View>,
-        s: LinearShape,
-        ctx: &LinearCtx,
     ) -> Result<(Storage, SavedLinear)> {
         let _p = crate::profile::scope("linear forward", x.0.device());
+        let views = (x, w, b);
         match x.0 {
-            Storage::Cpu(_) => linear_forward_on::<CpuStorage>(recipe, x, w, b, s, ctx)
+            Storage::Cpu(_) => linear_forward_on::<CpuStorage>(call, views)
                 .map(|(y, saved)| (y.wrap(), SavedLinear::Cpu(Box::new(saved)))),
-            Storage::Cuda(_) => linear_forward_on::<CudaStorage>(recipe, x, w, b, s, ctx)
+            Storage::Cuda(_) => linear_forward_on::<CudaStorage>(call, views)
                 .map(|(y, saved)| (y.wrap(), SavedLinear::Cuda(Box::new(saved)))),
         }
     }
 
     /// The quantized linear's backward ([`qlinear::backward`]) on the
     /// backend that holds the saved tensors.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn linear_backward(
-        recipe: &Recipe,
+        call: &LinearCall,
         saved: &SavedLinear,
         w: Option<View>,
         dy: View,
-        has_bias: bool,
-        dx_dtype: DType,
-        s: LinearShape,
-        ctx: &LinearCtx,
     ) -> Result<Grads<Storage>> {
         let _p = crate::profile::scope("linear backward", dy.0.device());
         match saved {
-            SavedLinear::Cpu(sv) => {
-                linear_backward_on(recipe, sv, w, dy, has_bias, dx_dtype, s, ctx)
-            }
-            SavedLinear::Cuda(sv) => {
-                linear_backward_on(recipe, sv, w, dy, has_bias, dx_dtype, s, ctx)
-            }
+            SavedLinear::Cpu(sv) => linear_backward_on(call, sv, (w, dy)),
+            SavedLinear::Cuda(sv) => linear_backward_on(call, sv, (w, dy)),
         }
     }
 

@@ -5,7 +5,7 @@ use mxswitch_runtime::cpu::CpuStorage;
 use mxswitch_runtime::linear::QuantLinear;
 use mxswitch_runtime::module::{allocate, SplitMix64};
 use mxswitch_runtime::plan::{LinearSite, PlanLinear};
-use mxswitch_runtime::qlinear::{backward, forward, LinearCtx, LinearShape};
+use mxswitch_runtime::qlinear::{backward, forward, LinearCall, LinearCtx, LinearShape};
 use mxswitch_runtime::recipe::{Recipe, RecipeKind};
 use mxswitch_runtime::{DType, Device, Tensor};
 
@@ -81,17 +81,20 @@ fn gradients_are_the_recipes() {
         lin.set_recipe(recipe);
         let y = lin.forward(&x).unwrap();
         let grads = y.backward_with(&dy).unwrap();
-        let ctx = LinearCtx {
-            layer: "l",
-            iteration: 9,
-            seed: 0,
-            layer_id: 0,
+        let call = LinearCall {
+            recipe: &recipe,
+            shape: LinearShape { m, k, n },
+            ctx: LinearCtx {
+                layer: "l",
+                iteration: 9,
+                seed: 0,
+                layer_id: 0,
+            },
         };
-        let s = LinearShape { m, k, n };
         let xs = CpuStorage::F32(xv.clone());
-        let (y_ref, saved) = forward(&recipe, &xs, &w, Some(&b), s, &ctx).unwrap();
+        let (y_ref, saved) = forward(&call, &xs, &w, Some(&b)).unwrap();
         let dys = CpuStorage::F32(dyv.clone());
-        let g = backward(&recipe, &saved, Some(&w), &dys, true, DType::F32, s, &ctx).unwrap();
+        let g = backward(&call, &saved, Some(&w), &dys).unwrap();
         assert_eq!(y.to_vec_f32().unwrap(), values(y_ref), "{recipe} y");
         let dw = grads
             .get(lin.weight.as_ref().unwrap().id())

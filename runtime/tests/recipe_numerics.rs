@@ -12,10 +12,9 @@
 
 use mxswitch_runtime::cpu::CpuStorage;
 use mxswitch_runtime::formats::bf16;
-use mxswitch_runtime::qlinear::{backward, forward, LinearCtx, LinearShape};
+use mxswitch_runtime::qlinear::{backward, forward, LinearCall, LinearCtx, LinearShape};
 use mxswitch_runtime::quant::{quantize_mx, quantize_rows, quantize_tensorwise, MxConfig, SrKey};
 use mxswitch_runtime::recipe::{Gemm, Recipe, RecipeKind};
-use mxswitch_runtime::DType;
 
 /// Seeded normal samples (Box-Muller on a 64-bit LCG).
 fn randn(n: usize, seed: u64, std: f32) -> Vec<f32> {
@@ -225,6 +224,14 @@ fn recipes() -> Vec<Recipe> {
     v
 }
 
+fn call(recipe: &Recipe, shape: LinearShape) -> LinearCall<'_> {
+    LinearCall {
+        recipe,
+        shape,
+        ctx: CTX,
+    }
+}
+
 fn values(s: CpuStorage) -> Vec<f32> {
     match s {
         CpuStorage::F32(v) => v,
@@ -238,19 +245,10 @@ type Run = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, f64);
 fn run(recipe: &Recipe, x: &[f32], w: &[f32], b: &[f32], dy: &[f32], s: LinearShape) -> Run {
     let st = |v: &[f32]| CpuStorage::F32(v.to_vec());
     let (xs, ws, bs) = (st(x), st(w), st(b));
-    let (y, saved) = forward(recipe, &xs, &ws, Some(&bs), s, &CTX).unwrap();
+    let call = call(recipe, s);
+    let (y, saved) = forward(&call, &xs, &ws, Some(&bs)).unwrap();
     let bpe = saved.nbytes() as f64 / saved.elements() as f64;
-    let g = backward(
-        recipe,
-        &saved,
-        Some(&ws),
-        &st(dy),
-        true,
-        DType::F32,
-        s,
-        &CTX,
-    )
-    .unwrap();
+    let g = backward(&call, &saved, Some(&ws), &st(dy)).unwrap();
     let db = values(g.db.expect("a bias was given"));
     (values(y), values(g.dx), values(g.dw), db, bpe)
 }
@@ -439,19 +437,14 @@ fn non_finite_inputs_are_named_errors_for_fp8() {
     let mut x = randn(32, 41, 1.0);
     x[5] = f32::NAN;
     let w = CpuStorage::F32(randn(24, 42, 1.0));
-    let err = forward(
-        &Recipe::new(RecipeKind::Fp8),
-        &CpuStorage::F32(x.clone()),
-        &w,
-        None,
-        s,
-        &CTX,
-    )
-    .unwrap_err()
-    .to_string();
+    let fp8 = Recipe::new(RecipeKind::Fp8);
+    let err = forward(&call(&fp8, s), &CpuStorage::F32(x.clone()), &w, None)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("test.linear activation, iteration 5"), "{err}");
     let short = CpuStorage::F32(x[..30].to_vec());
-    let bad_shape = forward(&Recipe::new(RecipeKind::Mxfp4), &short, &w, None, s, &CTX)
+    let mx4 = Recipe::new(RecipeKind::Mxfp4);
+    let bad_shape = forward(&call(&mx4, s), &short, &w, None)
         .unwrap_err()
         .to_string();
     assert!(bad_shape.contains("x has 30 elements"), "{bad_shape}");
@@ -460,20 +453,11 @@ fn non_finite_inputs_are_named_errors_for_fp8() {
         .with_option("dgrad", "fp8")
         .unwrap();
     let xs = CpuStorage::F32(randn(32, 43, 1.0));
-    let (_, saved) = forward(&r, &xs, &w, None, s, &CTX).unwrap();
+    let (_, saved) = forward(&call(&r, s), &xs, &w, None).unwrap();
     let mut dy = randn(12, 44, 1.0);
     dy[7] = f32::INFINITY;
-    let err = backward(
-        &r,
-        &saved,
-        Some(&w),
-        &CpuStorage::F32(dy),
-        false,
-        DType::F32,
-        s,
-        &CTX,
-    )
-    .unwrap_err()
-    .to_string();
+    let err = backward(&call(&r, s), &saved, Some(&w), &CpuStorage::F32(dy))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("test.linear gradient, iteration 5"), "{err}");
 }

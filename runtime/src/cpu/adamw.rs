@@ -5,7 +5,7 @@
 use rayon::prelude::*;
 
 use super::{CpuStorage, PAR_MIN_ELEMS};
-use crate::backend::{AdamWScalars, BackendStorage, OptimBackend};
+use crate::backend::{AdamWScalars, AdamWStep, BackendStorage, OptimBackend};
 use crate::{DType, Error, Layout, Result, Shape};
 
 /// Elements per rayon task of a large update.
@@ -33,19 +33,11 @@ fn update(s: &AdamWScalars, w: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f3
 }
 
 impl OptimBackend for CpuStorage {
-    fn adamw_step(
-        &self,
-        layout: &Layout,
-        grad: &CpuStorage,
-        grad_layout: &Layout,
-        m: &mut CpuStorage,
-        v: &mut CpuStorage,
-        s: &AdamWScalars,
-    ) -> Result<CpuStorage> {
-        let n = layout.shape().elem_count();
-        let mut w = self.packed_f32(layout, "AdamW")?.into_owned();
-        let g = grad.packed_f32(grad_layout, "AdamW")?;
-        let (CpuStorage::F32(m), CpuStorage::F32(v)) = (m, v) else {
+    fn adamw_step(&self, step: AdamWStep<'_, CpuStorage>) -> Result<CpuStorage> {
+        let n = step.layout.shape().elem_count();
+        let mut w = self.packed_f32(step.layout, "AdamW")?.into_owned();
+        let g = step.grad.packed_f32(step.grad_layout, "AdamW")?;
+        let (CpuStorage::F32(m), CpuStorage::F32(v)) = (step.m, step.v) else {
             return Err(Error::DType("AdamW moments must be f32".into()));
         };
         if g.len() != n || m.len() != n || v.len() != n {
@@ -56,7 +48,7 @@ impl OptimBackend for CpuStorage {
                 v.len()
             )));
         }
-        update(s, &mut w, &g, m, v);
+        update(step.scalars, &mut w, &g, m, v);
         let w = CpuStorage::F32(w);
         match self.dtype() {
             DType::F32 => Ok(w),

@@ -219,18 +219,7 @@ impl BackendStorage for CpuStorage {
                 match op { $(UnaryOp::$v => map(&x, |v| UnaryOp::$v.f32(v)),)* }
             };
         }
-        let y = arms!(
-            Exp,
-            Log,
-            Sqrt,
-            Rsqrt,
-            Sqr,
-            Tanh,
-            Silu,
-            GeluTanh,
-            SiluGrad,
-            GeluTanhGrad
-        );
+        let y = arms! { Exp, Log, Sqrt, Rsqrt, Sqr, Tanh, Silu, GeluTanh, SiluGrad, GeluTanhGrad };
         Ok(CpuStorage::from_f32(y, self.dtype()))
     }
 

@@ -14,7 +14,7 @@ use rayon::prelude::*;
 
 use super::matmul::matmul;
 use super::{bf16_to_f32, f32_to_bf16, CpuDevice, CpuStorage};
-use crate::backend::{Along, BackendStorage, Format, LinearBackend, Want};
+use crate::backend::{Along, BackendStorage, Format, LinearBackend, Quantized, Request, Want};
 use crate::formats::bf16;
 use crate::quant::{quantize_mx, quantize_rows, quantize_tensorwise, Fp8Tensor, MxTensor};
 use crate::{DType, Error, Layout, Result, Shape};
@@ -192,14 +192,14 @@ fn reoriented(m: &Matrix, want: &Want) -> Matrix {
 impl LinearBackend for CpuStorage {
     type Operand<'a> = CpuOperand;
 
-    fn quantize(
-        &self,
-        rows: usize,
-        cols: usize,
-        now: &[Want],
-        keep: Option<Want>,
-        label: &dyn Fn() -> String,
-    ) -> Result<(Vec<CpuOperand>, Option<CpuOperand>)> {
+    fn quantize(&self, req: &Request) -> Result<Quantized<'_, CpuStorage>> {
+        let Request {
+            rows,
+            cols,
+            now,
+            keep,
+            label,
+        } = *req;
         let layout = Layout::contiguous(Shape::new(vec![rows, cols]));
         let x = self.packed_f32(&layout, "quantize")?;
         let input = Input {
@@ -223,8 +223,10 @@ impl LinearBackend for CpuStorage {
             };
             ops.push(m);
         }
-        let ops = ops.into_iter().map(CpuOperand::Values).collect();
-        Ok((ops, kept))
+        Ok(Quantized {
+            now: ops.into_iter().map(CpuOperand::Values).collect(),
+            keep: kept,
+        })
     }
 
     fn gemm(

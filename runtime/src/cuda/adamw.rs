@@ -8,7 +8,7 @@ use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use super::nvrtc::KernelSource;
 use super::storage::backend_err;
 use super::{driver_err, CudaStorage};
-use crate::backend::{AdamWScalars, BackendStorage, OptimBackend};
+use crate::backend::{AdamWScalars, AdamWStep, BackendStorage, OptimBackend};
 use crate::{DType, Error, Layout, Result};
 
 /// The AdamW kernels.
@@ -16,6 +16,12 @@ pub const ADAMW: KernelSource = KernelSource {
     name: "adamw.cu",
     body: include_str!("../../kernels/adamw.cu"),
 };
+
+/// The kernel of each (parameter, gradient) dtype, f32 then BF16.
+const KERNELS: [[&str; 2]; 2] = [
+    ["adamw_w32_g32", "adamw_w32_g16"],
+    ["adamw_w16_g32", "adamw_w16_g16"],
+];
 
 const THREADS: u32 = 256;
 const MAX_CTAS: u64 = 1 << 20;
@@ -44,26 +50,18 @@ fn packed<'a>(
 impl OptimBackend for CudaStorage {
     /// One launch: `w` and the gradient (f32 or BF16) give a new parameter
     /// buffer of `w`'s dtype; `m` and `v` are updated in place.
-    fn adamw_step(
-        &self,
-        layout: &Layout,
-        grad: &CudaStorage,
-        grad_layout: &Layout,
-        m: &mut CudaStorage,
-        v: &mut CudaStorage,
-        s: &AdamWScalars,
-    ) -> Result<CudaStorage> {
-        let n = layout.shape().elem_count();
-        if grad_layout.shape().elem_count() != n {
+    fn adamw_step(&self, st: AdamWStep<'_, CudaStorage>) -> Result<CudaStorage> {
+        let n = st.layout.shape().elem_count();
+        if st.grad_layout.shape().elem_count() != n {
             return Err(Error::Shape(format!(
                 "AdamW: a gradient of {} values for a parameter of {n}",
-                grad_layout.shape().elem_count()
+                st.grad_layout.shape().elem_count()
             )));
         }
         let (mut wc, mut gc) = (None, None);
-        let (w, w_start) = packed(self, layout, &mut wc)?;
-        let (g, g_start) = packed(grad, grad_layout, &mut gc)?;
-        step(w, w_start, g, g_start, m, v, n, *s)
+        let (w, w_start) = packed(self, st.layout, &mut wc)?;
+        let (g, g_start) = packed(st.grad, st.grad_layout, &mut gc)?;
+        step(w, w_start, g, g_start, st.m, st.v, n, *st.scalars)
     }
 }
 
@@ -91,17 +89,14 @@ fn step(
             v.len()
         )));
     }
-    let name = match (wd, g.dtype()) {
-        (DType::F32, DType::F32) => "adamw_w32_g32",
-        (DType::F32, DType::BF16) => "adamw_w32_g16",
-        (DType::BF16, DType::F32) => "adamw_w16_g32",
-        (DType::BF16, DType::BF16) => "adamw_w16_g16",
-        (a, b) => {
-            return Err(Error::DType(format!(
-                "AdamW needs float parameters and gradients, got {a} and {b}"
-            )))
-        }
+    let float = |d: DType| [DType::F32, DType::BF16].iter().position(|&f| f == d);
+    let (Some(wi), Some(gi)) = (float(wd), float(g.dtype())) else {
+        return Err(Error::DType(format!(
+            "AdamW needs float parameters and gradients, got {wd} and {}",
+            g.dtype()
+        )));
     };
+    let name = KERNELS[wi][gi];
     let out = CudaStorage::from_buffer(
         ctx.alloc(n * wd.size_in_bytes()).map_err(backend_err)?,
         wd,

@@ -59,18 +59,16 @@ pub(super) fn act_in(act: DType) -> Result<In> {
 }
 
 pub(super) fn act_out(act: DType) -> Out {
-    if act == DType::BF16 {
-        Out::Bf16
-    } else {
-        Out::F32
+    match act {
+        DType::BF16 => Out::Bf16,
+        _ => Out::F32,
     }
 }
 
 fn gemm_out(o: Out) -> GemmDType {
-    if o == Out::Bf16 {
-        GemmDType::Bf16
-    } else {
-        GemmDType::F32
+    match o {
+        Out::Bf16 => GemmDType::Bf16,
+        _ => GemmDType::F32,
     }
 }
 
@@ -109,16 +107,12 @@ pub(super) fn u32_of(v: usize, what: &str) -> Result<u32> {
 
 impl CudaContext {
     /// `[out_rows, out_cols]` from `[rows, cols]` (transposed when asked),
-    /// zero-padded, converted from `inp` to `out`.
-    #[allow(clippy::too_many_arguments)]
+    /// zero-padded or cropped, converted from `inp` to `out`.
     pub(super) fn lin_copy2d(
         &self,
-        src: &DevBuf,
-        inp: In,
-        rows: usize,
-        cols: usize,
-        out_rows: usize,
-        out_cols: usize,
+        (src, inp): (&DevBuf, In),
+        (rows, cols): (usize, usize),
+        (out_rows, out_cols): (usize, usize),
         transpose: bool,
         out: Out,
     ) -> Result<DevBuf> {
@@ -413,8 +407,8 @@ impl CudaContext {
                 out,
             );
         }
-        let ad = self.lin_copy2d(a.0, decoded(fa), m, k, m, k, false, Out::Bf16)?;
-        let bd = self.lin_copy2d(b.0, decoded(fb), n, k, n, k, false, Out::Bf16)?;
+        let ad = self.lin_copy2d((a.0, decoded(fa)), (m, k), (m, k), false, Out::Bf16)?;
+        let bd = self.lin_copy2d((b.0, decoded(fb)), (n, k), (n, k), false, Out::Bf16)?;
         self.lin_gemm(
             &Operand::rows(&ad, GemmDType::Bf16, k),
             &Operand::rows(&bd, GemmDType::Bf16, k),

@@ -37,6 +37,7 @@ pub mod lin_kernels;
 pub mod mx_tile;
 pub mod nvrtc;
 pub mod operand;
+mod operand_quantize;
 pub mod quantize;
 pub mod storage;
 

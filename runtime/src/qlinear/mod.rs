@@ -21,13 +21,20 @@
 //!
 //! The per-GEMM overrides of SPEC section 4a need nothing more: a
 //! `mxfp4(fprop = bf16)` spec runs fprop in BF16 and keeps x and W in MXFP4.
+//!
+//! To check a backend against the CPU, call both with packed storages of
+//! the same values (`CudaDevice::get(0)?.storage_from_cpu(..)` through
+//! [`crate::backend::BackendDevice`]): [`forward`] gives y and a [`Saved`],
+//! [`backward`] the [`Grads`]; [`Saved::to_cpu`] downloads the kept operands
+//! in the CPU's form, so they compare with `==` (codes, scale bytes and FP8
+//! scales), and `to_cpu_storage` downloads y, dx, dW and db.
 
 use std::cell::Cell;
 
-use crate::backend::{Along, BackendStorage, LinearBackend, Want};
+use crate::backend::{Along, BackendStorage, LinearBackend, Quantized, Request, Want};
 use crate::cpu::CpuStorage;
 use crate::quant::SrKey;
-use crate::recipe::{Recipe, RecipeKind};
+use crate::recipe::{LinearSpec, Recipe, RecipeKind};
 use crate::{DType, Error, Result};
 
 thread_local! {
@@ -83,12 +90,32 @@ impl LinearCtx<'_> {
     }
 }
 
+/// One call of a linear: its recipe, its sizes and where it runs.
+#[derive(Clone, Copy, Debug)]
+pub struct LinearCall<'a> {
+    pub recipe: &'a Recipe,
+    pub shape: LinearShape,
+    pub ctx: LinearCtx<'a>,
+}
+
+impl LinearCall<'_> {
+    /// The recipe's GEMMs, counting one run of its linear.
+    fn start(&self) -> LinearSpec {
+        count_run(self.recipe.kind);
+        self.recipe.spec()
+    }
+}
+
 /// What the forward keeps for the backward, and nothing else (SPEC 4a):
 /// x as wgrad reads it and W as dgrad reads it, in the backend's memory.
 pub struct Saved<B: LinearBackend> {
     pub x: B::Operand<'static>,
     /// `None` when dgrad is a BF16 GEMM, which reads the master weight.
     pub w: Option<B::Operand<'static>>,
+    /// x's dtype, which dx takes.
+    pub act: DType,
+    /// Whether the forward added a bias, so the backward sums db.
+    pub has_bias: bool,
 }
 
 impl<B: LinearBackend> Saved<B> {
@@ -112,6 +139,8 @@ impl<B: LinearBackend> Saved<B> {
                 .as_ref()
                 .map(|w| B::operand_to_cpu(device, w))
                 .transpose()?,
+            act: self.act,
+            has_bias: self.has_bias,
         })
     }
 }
@@ -153,63 +182,67 @@ fn not_as_asked() -> Error {
     Error::Backend("the backend returned other operands than asked for".into())
 }
 
-/// The one operand of a single-entry request.
-fn single<T>(mut ops: Vec<T>) -> Result<T> {
-    match (ops.pop(), ops.is_empty()) {
-        (Some(op), true) => Ok(op),
-        _ => Err(not_as_asked()),
+/// Asks `t` (a packed `[rows, cols]` matrix) for its copies and checks
+/// that the backend served each.
+fn quantize<'a, B: LinearBackend>(
+    t: &'a B,
+    (rows, cols): (usize, usize),
+    now: &[Want],
+    keep: Option<Want>,
+    label: &dyn Fn() -> String,
+) -> Result<Quantized<'a, B>> {
+    let req = Request {
+        rows,
+        cols,
+        now,
+        keep,
+        label,
+    };
+    let q = t.quantize(&req)?;
+    if q.now.len() != now.len() || q.keep.is_some() != keep.is_some() {
+        return Err(not_as_asked());
     }
+    Ok(q)
 }
 
-/// Forward y = x W^T + b under `recipe`: x `[m, k]` (f32 or BF16), W `[n, k]`
-/// and b `[n]` f32, all packed; returns y `[m, n]` in x's dtype and what the
-/// backward needs.
+/// Forward y = x W^T + b: x `[m, k]` (f32 or BF16), W `[n, k]` and b `[n]`
+/// f32, all packed; returns y `[m, n]` in x's dtype and what the backward
+/// needs.
 pub fn forward<B: LinearBackend>(
-    recipe: &Recipe,
+    call: &LinearCall,
     x: &B,
     w: &B,
     b: Option<&B>,
-    s: LinearShape,
-    ctx: &LinearCtx,
 ) -> Result<(B, Saved<B>)> {
+    let (s, ctx) = (call.shape, &call.ctx);
     let LinearShape { m, k, n } = s;
     check_len("x", x, m * k, s)?;
     check_len("W", w, n * k, s)?;
     if let Some(b) = b {
         check_len("b", b, n, s)?;
     }
-    let spec = recipe.spec();
-    count_run(recipe.kind);
-    let (xq, x_keep) = x.quantize(
-        m,
-        k,
+    let spec = call.start();
+    let xq = quantize(
+        x,
+        (m, k),
         &[Want::new(&spec.fprop.a, Along::Cols, None)?],
         Some(Want::new(&spec.wgrad.b, Along::Rows, None)?),
         &|| ctx.label("activation"),
     )?;
-    let w_keep = spec
-        .saved()
-        .w
+    let w_keep = spec.saved().w;
+    let w_keep = w_keep
         .map(|w| Want::new(&w, Along::Rows, None))
         .transpose()?;
-    let (wq, w_keep) = w.quantize(
-        n,
-        k,
-        &[Want::new(&spec.fprop.b, Along::Cols, None)?],
-        w_keep,
-        &|| ctx.label("weight"),
-    )?;
-    if w_keep.is_some() != spec.saved().w.is_some() {
-        return Err(not_as_asked());
-    }
-    let y = B::gemm(x.device(), &single(xq)?, &single(wq)?, b, x.dtype())?;
-    Ok((
-        y,
-        Saved {
-            x: x_keep.ok_or_else(not_as_asked)?,
-            w: w_keep,
-        },
-    ))
+    let w_fprop = Want::new(&spec.fprop.b, Along::Cols, None)?;
+    let wq = quantize(w, (n, k), &[w_fprop], w_keep, &|| ctx.label("weight"))?;
+    let y = B::gemm(x.device(), &xq.now[0], &wq.now[0], b, x.dtype())?;
+    let saved = Saved {
+        x: xq.keep.ok_or_else(not_as_asked)?,
+        w: wq.keep,
+        act: x.dtype(),
+        has_bias: b.is_some(),
+    };
+    Ok((y, saved))
 }
 
 /// Whether the backward of `recipe` reads the master weight (a BF16 dgrad
@@ -218,28 +251,23 @@ pub fn reads_master_weight(recipe: &Recipe) -> bool {
     recipe.spec().saved().w.is_none()
 }
 
-/// Backward of [`forward`]: dx `[m, k]` as `dx_dtype`, dW `[n, k]` and, with
+/// Backward of [`forward`]: dx `[m, k]` in x's dtype, dW `[n, k]` and, with
 /// a bias, db `[n]` in f32. `dy` is `[m, n]`, packed; `w` is the master
 /// weight, needed when [`reads_master_weight`].
-#[allow(clippy::too_many_arguments)]
 pub fn backward<B: LinearBackend>(
-    recipe: &Recipe,
+    call: &LinearCall,
     saved: &Saved<B>,
     w: Option<&B>,
     dy: &B,
-    has_bias: bool,
-    dx_dtype: DType,
-    s: LinearShape,
-    ctx: &LinearCtx,
 ) -> Result<Grads<B>> {
+    let (s, ctx) = (call.shape, &call.ctx);
     let LinearShape { m, k, n } = s;
     check_len("dy", dy, m * n, s)?;
-    let spec = recipe.spec();
-    count_run(recipe.kind);
+    let spec = call.start();
     let dev = dy.device();
-    let (mut dyq, _) = dy.quantize(
-        m,
-        n,
+    let dyq = quantize(
+        dy,
+        (m, n),
         &[
             Want::new(&spec.dgrad.a, Along::Cols, Some(ctx.sr_key(0)))?,
             Want::new(&spec.wgrad.a, Along::Rows, Some(ctx.sr_key(1)))?,
@@ -247,33 +275,27 @@ pub fn backward<B: LinearBackend>(
         None,
         &|| ctx.label("gradient"),
     )?;
-    let (Some(dy_m), Some(dy_n), None) = (dyq.pop(), dyq.pop(), dyq.pop()) else {
-        return Err(not_as_asked());
-    };
+    let [dy_n, dy_m]: [B::Operand<'_>; 2] = dyq.now.try_into().map_err(|_| not_as_asked())?;
     // dgrad dx = dy W: reduction over N.
     let dx = match &saved.w {
-        Some(wk) => B::gemm(dev, &dy_n, wk, None, dx_dtype)?,
+        Some(wk) => B::gemm(dev, &dy_n, wk, None, saved.act)?,
         None => {
             let w = w.ok_or_else(|| {
                 Error::Autograd(format!(
-                    "the backward of `{recipe}` reads the master weight, which was not kept"
+                    "the backward of `{}` reads the master weight, which was not kept",
+                    call.recipe
                 ))
             })?;
             check_len("W", w, n * k, s)?;
-            let (wq, _) = w.quantize(
-                n,
-                k,
-                &[Want::new(&spec.dgrad.b, Along::Rows, None)?],
-                None,
-                &|| ctx.label("weight"),
-            )?;
-            B::gemm(dev, &dy_n, &single(wq)?, None, dx_dtype)?
+            let w_dgrad = Want::new(&spec.dgrad.b, Along::Rows, None)?;
+            let wq = quantize(w, (n, k), &[w_dgrad], None, &|| ctx.label("weight"))?;
+            B::gemm(dev, &dy_n, &wq.now[0], None, saved.act)?
         }
     };
     drop(dy_n);
     // wgrad dW = dy^T x: reduction over M.
     let dw = B::gemm(dev, &dy_m, &saved.x, None, DType::F32)?;
     drop(dy_m);
-    let db = has_bias.then(|| dy.column_sums(m, n)).transpose()?;
+    let db = saved.has_bias.then(|| dy.column_sums(m, n)).transpose()?;
     Ok(Grads { dx, dw, db })
 }
