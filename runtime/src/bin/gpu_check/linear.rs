@@ -25,7 +25,7 @@ use mxswitch_runtime::backend::{BackendDevice, BackendStorage};
 use mxswitch_runtime::cpu::CpuStorage;
 use mxswitch_runtime::cuda::{CudaDevice, CudaError, CudaStorage};
 use mxswitch_runtime::formats::bf16;
-use mxswitch_runtime::qlinear::{self, LinearCtx, LinearShape};
+use mxswitch_runtime::qlinear::{self, LinearCall, LinearCtx, LinearShape};
 use mxswitch_runtime::recipe::{Recipe, RecipeKind};
 use mxswitch_runtime::DType;
 
@@ -85,17 +85,13 @@ fn check_case(dev: &CudaDevice, r: &Recipe, s: LinearShape, act: DType, seed: u6
     // CPU reference, in f32.
     let f32s = |v: &[f32]| CpuStorage::F32(v.to_vec());
     let (xc, wc, bc, dyc) = (f32s(&x), f32s(&w), f32s(&b), f32s(&dy));
-    let (cy, csaved) = cpu(qlinear::forward(r, &xc, &wc, Some(&bc), s, &lctx))?;
-    let cg = cpu(qlinear::backward(
-        r,
-        &csaved,
-        Some(&wc),
-        &dyc,
-        true,
-        DType::F32,
-        s,
-        &lctx,
-    ))?;
+    let call = LinearCall {
+        recipe: r,
+        shape: s,
+        ctx: lctx,
+    };
+    let (cy, csaved) = cpu(qlinear::forward(&call, &xc, &wc, Some(&bc)))?;
+    let cg = cpu(qlinear::backward(&call, &csaved, Some(&wc), &dyc))?;
     // GPU, activations and dx in `act`.
     let (xd, wd, bd, dyd) = (
         upload(dev, &x, act)?,
@@ -103,8 +99,8 @@ fn check_case(dev: &CudaDevice, r: &Recipe, s: LinearShape, act: DType, seed: u6
         upload(dev, &b, DType::F32)?,
         upload(dev, &dy, act)?,
     );
-    let (gy, gsaved) = qlinear::forward(r, &xd, &wd, Some(&bd), s, &lctx).map_err(err)?;
-    let gg = qlinear::backward(r, &gsaved, Some(&wd), &dyd, true, act, s, &lctx).map_err(err)?;
+    let (gy, gsaved) = qlinear::forward(&call, &xd, &wd, Some(&bd)).map_err(err)?;
+    let gg = qlinear::backward(&call, &gsaved, Some(&wd), &dyd).map_err(err)?;
     gpu(dev.context().check_deferred())?;
     let (gy, gdx, gdw) = (values(&gy)?, values(&gg.dx)?, values(&gg.dw)?);
     let gdb = values(gg.db.as_ref().ok_or("no db")?)?;
@@ -165,14 +161,19 @@ fn check_nonfinite(dev: &CudaDevice) -> CheckResult {
     let w = data(32, 32, 10, 0.1);
     let r = Recipe::new(RecipeKind::Fp8);
     let (xc, wc) = (host(&x, DType::F32), host(&w, DType::F32));
-    let cpu_err = match qlinear::forward(&r, &xc, &wc, None, s, &lctx) {
+    let call = LinearCall {
+        recipe: &r,
+        shape: s,
+        ctx: lctx,
+    };
+    let cpu_err = match qlinear::forward(&call, &xc, &wc, None) {
         Err(e) => e.to_string(),
         Ok(_) => return Err("CPU accepted a NaN activation".into()),
     };
     // The GPU records the amax and raises the error at the next check, so
     // the forward itself returns; nothing is read back before the check.
     let (xd, wd) = (upload(dev, &x, DType::F32)?, upload(dev, &w, DType::F32)?);
-    let fwd = qlinear::forward(&r, &xd, &wd, None, s, &lctx).map_err(err)?;
+    let fwd = qlinear::forward(&call, &xd, &wd, None).map_err(err)?;
     drop(fwd);
     let gpu_err = match ctx.check_deferred() {
         Err(CudaError::Runtime(e)) if e.to_string() == cpu_err => e.to_string(),
@@ -181,12 +182,12 @@ fn check_nonfinite(dev: &CudaDevice) -> CheckResult {
     };
     // A NaN gradient is named as the gradient, and a finite step leaves no error.
     let xd = upload(dev, &data(32, 32, 9, 1.0), DType::F32)?;
-    let (_, saved) = qlinear::forward(&r, &xd, &wd, None, s, &lctx).map_err(err)?;
+    let (_, saved) = qlinear::forward(&call, &xd, &wd, None).map_err(err)?;
     gpu(ctx.check_deferred()).map_err(|e| format!("finite forward: {e}"))?;
     let mut dy = data(32, 32, 11, 1.0);
     dy[40] = f32::INFINITY;
     let dyd = upload(dev, &dy, DType::F32)?;
-    let bwd = qlinear::backward(&r, &saved, Some(&wd), &dyd, false, DType::F32, s, &lctx);
+    let bwd = qlinear::backward(&call, &saved, Some(&wd), &dyd);
     drop(bwd.map_err(err)?);
     match ctx.check_deferred() {
         Err(CudaError::Runtime(e))

@@ -2,7 +2,7 @@
 //! activations, one `BENCH linear` line per recipe and shape.
 
 use mxswitch_runtime::cuda::{bias_fallbacks, CudaDevice, CudaStorage};
-use mxswitch_runtime::qlinear::{self, LinearCtx, LinearShape};
+use mxswitch_runtime::qlinear::{self, LinearCall, LinearCtx, LinearShape};
 use mxswitch_runtime::recipe::{Recipe, RecipeKind};
 use mxswitch_runtime::DType;
 
@@ -32,10 +32,14 @@ fn time_recipe(
         seed: 3,
         layer_id: 1,
     };
+    let call = LinearCall {
+        recipe: r,
+        shape: s,
+        ctx: lctx,
+    };
     let step = || -> Result<(), String> {
-        let (y, saved) = qlinear::forward(r, x, w, b, s, &lctx).map_err(err)?;
-        let has_bias = b.is_some();
-        let g = qlinear::backward(r, &saved, Some(w), dy, has_bias, DType::BF16, s, &lctx);
+        let (y, saved) = qlinear::forward(&call, x, w, b).map_err(err)?;
+        let g = qlinear::backward(&call, &saved, Some(w), dy);
         drop((y, saved, g.map_err(err)?));
         Ok(())
     };
