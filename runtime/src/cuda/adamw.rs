@@ -3,11 +3,11 @@
 //! buffer, with the same f32 operations in the same order as the CPU's
 //! update in `cpu/adamw.rs` (bit-identical; see the kernel's header).
 
-use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{DeviceRepr, LaunchConfig};
 
-use super::nvrtc::KernelSource;
+use super::nvrtc::{launch_kernel, KernelSource};
 use super::storage::backend_err;
-use super::{driver_err, CudaStorage};
+use super::CudaStorage;
 use crate::backend::{AdamWScalars, AdamWStep, BackendStorage, OptimBackend};
 use crate::{DType, Error, Layout, Result};
 
@@ -123,21 +123,8 @@ fn step(
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    let f = ctx.function(&ADAMW, name).map_err(backend_err)?;
-    ctx.bind().map_err(backend_err)?;
-    let mut b = ctx.stream().launch_builder(&f);
-    b.arg(&w_in)
-        .arg(&w_out)
-        .arg(&g_ptr)
-        .arg(&m_ptr)
-        .arg(&v_ptr)
-        .arg(&n64)
-        .arg(&s);
-    // SAFETY: the argument types are those of the kernel's signature; w, g,
-    // m, v and out each hold n elements from the given addresses, and all
-    // work is on the context's one stream.
-    unsafe { b.launch(cfg) }
-        .map(|_| ())
-        .map_err(|e| backend_err(driver_err(format!("launch {name}"))(e)))?;
+    // w, g, m, v and out each hold n elements from the given addresses.
+    launch_kernel!(ctx, &ADAMW, name, cfg, &w_in, &w_out, &g_ptr, &m_ptr, &v_ptr, &n64, &s)
+        .map_err(backend_err)?;
     Ok(out)
 }

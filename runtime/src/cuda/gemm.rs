@@ -339,23 +339,8 @@ impl CudaContext {
         out: GemmDType,
     ) -> Result<DevBuf> {
         let y = self.alloc(m * n * out.size_in_bytes())?;
-        self.gemm_nt_into(a, b, m, n, k, &y, out)?;
+        self.gemm(a, b, &GemmSpec::nt(m, n, k), &y, out)?;
         Ok(y)
-    }
-
-    /// As [`CudaContext::gemm_nt`], writing into `y`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemm_nt_into(
-        &self,
-        a: &GemmOperand,
-        b: &GemmOperand,
-        m: usize,
-        n: usize,
-        k: usize,
-        y: &DevBuf,
-        out: GemmDType,
-    ) -> Result<()> {
-        self.gemm(a, b, &GemmSpec::nt(m, n, k), y, out)
     }
 
     /// The general GEMM: `spec.batch` products `y = a · b^T (+ bias)` with

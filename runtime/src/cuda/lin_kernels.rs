@@ -4,11 +4,11 @@
 //! epilogue, column sums, and a cuBLASLt GEMM whose bias goes into its
 //! epilogue where cuBLASLt fuses it.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 use super::gemm::{fuses_f32_bias, GemmBias, GemmSpec, MatLayout};
-use super::nvrtc::KernelSource;
-use super::{driver_err, CudaContext, CudaError, DevBuf, GemmDType, GemmOperand, Result};
+use super::nvrtc::{launch_kernel, KernelSource};
+use super::{CudaContext, CudaError, DevBuf, GemmDType, GemmOperand, Result};
 use crate::formats::ElemFormat;
 use crate::DType;
 
@@ -120,7 +120,6 @@ impl CudaContext {
         if out_rows == 0 || out_cols == 0 {
             return Ok(dst);
         }
-        let f = self.function(&LINEAR_OPS, "lin_copy2d")?;
         let (sp, dp) = (src.ptr(), dst.ptr());
         let (r, c) = (u32_of(rows, "rows")?, u32_of(cols, "cols")?);
         let (or, oc) = (u32_of(out_rows, "rows")?, u32_of(out_cols, "cols")?);
@@ -136,20 +135,23 @@ impl CudaContext {
             block_dim: (32, 8, 1),
             shared_mem_bytes: 0,
         };
-        self.bind()?;
-        let mut b = self.stream().launch_builder(&f);
-        b.arg(&sp)
-            .arg(&dp)
-            .arg(&r)
-            .arg(&c)
-            .arg(&or)
-            .arg(&oc)
-            .arg(&t)
-            .arg(&ik)
-            .arg(&ok);
-        // SAFETY: matches lin_copy2d in linear_ops.cu; `dst` holds out_rows *
-        // out_cols elements and the kernel reads `src` only inside rows x cols.
-        unsafe { b.launch(cfg) }.map_err(driver_err("launch lin_copy2d"))?;
+        // `dst` holds out_rows * out_cols elements; the kernel reads `src`
+        // only inside rows x cols.
+        launch_kernel!(
+            self,
+            &LINEAR_OPS,
+            "lin_copy2d",
+            cfg,
+            &sp,
+            &dp,
+            &r,
+            &c,
+            &or,
+            &oc,
+            &t,
+            &ik,
+            &ok
+        )?;
         Ok(dst)
     }
 
@@ -171,7 +173,6 @@ impl CudaContext {
         if n == 0 {
             return Ok(dst);
         }
-        let f = self.function(&LINEAR_OPS, "lin_epilogue")?;
         let (sa, sb) = scales.unwrap_or((0, 0));
         let bp = bias.map_or(0, |b| b.ptr());
         let (of, ob) = match out {
@@ -189,19 +190,22 @@ impl CudaContext {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        self.bind()?;
-        let mut b = self.stream().launch_builder(&f);
-        b.arg(&ap)
-            .arg(&ld)
-            .arg(&sa)
-            .arg(&sb)
-            .arg(&bp)
-            .arg(&of)
-            .arg(&ob)
-            .arg(&r)
-            .arg(&c);
-        // SAFETY: matches lin_epilogue in linear_ops.cu; `acc` holds rows x ld f32.
-        unsafe { b.launch(cfg) }.map_err(driver_err("launch lin_epilogue"))?;
+        // `acc` holds rows x ld f32.
+        launch_kernel!(
+            self,
+            &LINEAR_OPS,
+            "lin_epilogue",
+            cfg,
+            &ap,
+            &ld,
+            &sa,
+            &sb,
+            &bp,
+            &of,
+            &ob,
+            &r,
+            &c
+        )?;
         Ok(dst)
     }
 
@@ -220,8 +224,6 @@ impl CudaContext {
         }
         let chunks = rows.div_ceil(CHUNK_ROWS);
         let partial = self.alloc(chunks * cols * 4)?;
-        let p1 = self.function(&LINEAR_OPS, "lin_colsum_partial")?;
-        let p2 = self.function(&LINEAR_OPS, "lin_colsum_final")?;
         let (xp, pp, op) = (x.ptr(), partial.ptr(), out.ptr());
         let (r, c, ch, cr) = (
             u32_of(rows, "rows")?,
@@ -236,25 +238,34 @@ impl CudaContext {
                 "lin_colsum: {rows} rows exceed the grid limit"
             )));
         }
-        self.bind()?;
-        let mut b = self.stream().launch_builder(&p1);
-        b.arg(&xp).arg(&ik).arg(&pp).arg(&r).arg(&c).arg(&cr);
-        let cfg = LaunchConfig {
-            grid_dim: (gx, ch, 1),
+        let ctas = |gy| LaunchConfig {
+            grid_dim: (gx, gy, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: matches lin_colsum_partial; `partial` holds chunks x cols f32.
-        unsafe { b.launch(cfg) }.map_err(driver_err("launch lin_colsum_partial"))?;
-        let mut b = self.stream().launch_builder(&p2);
-        b.arg(&pp).arg(&op).arg(&ch).arg(&c);
-        let cfg = LaunchConfig {
-            grid_dim: (gx, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: matches lin_colsum_final; `out` holds cols f32.
-        unsafe { b.launch(cfg) }.map_err(driver_err("launch lin_colsum_final"))?;
+        // `partial` holds chunks x cols f32, `out` cols f32.
+        launch_kernel!(
+            self,
+            &LINEAR_OPS,
+            "lin_colsum_partial",
+            ctas(ch),
+            &xp,
+            &ik,
+            &pp,
+            &r,
+            &c,
+            &cr
+        )?;
+        launch_kernel!(
+            self,
+            &LINEAR_OPS,
+            "lin_colsum_final",
+            ctas(1),
+            &pp,
+            &op,
+            &ch,
+            &c
+        )?;
         Ok(out)
     }
 

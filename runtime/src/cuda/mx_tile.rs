@@ -3,12 +3,12 @@
 //! writing for each direction the codes and scales (kept for the backward)
 //! and/or the dequantized BF16 GEMM operand.
 
-use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{DeviceRepr, LaunchConfig};
 
 use super::lin_kernels::u32_of;
-use super::nvrtc::KernelSource;
+use super::nvrtc::{launch_kernel, KernelSource};
 use super::quantize::mode_arg;
-use super::{driver_err, CudaContext, CudaError, DevBuf, MxDevice, Result};
+use super::{CudaContext, CudaError, DevBuf, MxDevice, Result};
 use crate::formats::ElemFormat;
 use crate::quant::{MxConfig, SrKey};
 use crate::DType;
@@ -100,7 +100,6 @@ impl CudaContext {
             tensor_id: o.config.sr.map_or(0, |k| k.tensor_id as u32),
         };
         let (rd, cd) = (dir(&ro), dir(&co));
-        let f = self.function(&MX_TILE, suffix)?;
         let (xp, r, c) = (x.ptr(), u32_of(rows, "rows")?, u32_of(cols, "cols")?);
         let (mode, tile2d) = (mode_arg(cfg.scale_mode), cfg.tile2d as i32);
         let gy = rows.div_ceil(32);
@@ -118,18 +117,8 @@ impl CudaContext {
             block_dim: (64 * MX_TILES as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        self.bind()?;
-        let mut b = self.stream().launch_builder(&f);
-        b.arg(&xp)
-            .arg(&r)
-            .arg(&c)
-            .arg(&rd)
-            .arg(&cd)
-            .arg(&mode)
-            .arg(&tile2d);
-        // SAFETY: matches mx_tile_* in mx_tile.cu; every output was allocated
-        // above for its direction's [rows, padded length].
-        unsafe { b.launch(cfg) }.map_err(driver_err("launch mx_tile"))?;
+        // Every output was allocated above for its direction's [rows, padded length].
+        launch_kernel!(self, &MX_TILE, suffix, cfg, &xp, &r, &c, &rd, &cd, &mode, &tile2d)?;
         Ok((ro, co))
     }
 }

@@ -5,6 +5,7 @@
 
 use rayon::prelude::*;
 
+use mxswitch_runtime::cuda::gemm::GemmSpec;
 use mxswitch_runtime::cuda::{
     CudaContext, DequantLayout, DevBuf, Fp8Device, GemmDType, GemmOperand,
 };
@@ -290,7 +291,7 @@ fn gemm_check(
         if time {
             let allocs = ctx.pool_stats().device_allocs;
             let ms = mean_ms(ctx, 3, 20, || {
-                gpu(ctx.gemm_nt_into(&opa, &opb, m, n, p.k, &y, out))
+                gpu(ctx.gemm(&opa, &opb, &GemmSpec::nt(m, n, p.k), &y, out))
             })?;
             let tflops = 2.0 * m as f64 * n as f64 * p.k as f64 / (ms * 1e-3) / 1e12;
             timing = format!(
