@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 
 use crate::backend::AdamWScalars;
+use crate::cpu::CpuStorage;
 use crate::storage::Storage;
 use crate::{DType, Device, Error, Gradients, Param, ParamId, Result, Shape, Tensor};
 
@@ -39,6 +40,11 @@ impl Default for AdamWConfig {
 struct Buf(Storage);
 
 impl Buf {
+    /// Host values (a checkpoint's), moved at the parameter's next step.
+    fn host(v: Vec<f32>) -> Result<Buf> {
+        Ok(Buf(Storage::from_cpu(CpuStorage::F32(v), &Device::Cpu)?))
+    }
+
     fn zeros(n: usize, device: &Device) -> Result<Buf> {
         Ok(Buf(Storage::zeros(
             &Shape::new(vec![n]),
@@ -56,14 +62,14 @@ impl Buf {
     }
 
     /// The values on the host (downloaded from a GPU buffer).
-    fn host(&self) -> Result<Cow<'_, [f32]>> {
+    fn values(&self) -> Result<Cow<'_, [f32]>> {
         self.0.host_f32()
     }
 
     /// The storage on `device`, moved there first if it is elsewhere.
     fn on(&mut self, device: &Device) -> Result<&mut Storage> {
         if self.0.device() != *device {
-            let host = crate::cpu::CpuStorage::F32(self.host()?.into_owned());
+            let host = CpuStorage::F32(self.values()?.into_owned());
             self.0 = Storage::from_cpu(host, device)?;
         }
         Ok(&mut self.0)
@@ -154,7 +160,7 @@ impl AdamW {
     pub fn state(&self, id: ParamId) -> Result<Option<(u64, Cow<'_, [f32]>, Cow<'_, [f32]>)>> {
         match self.state.get(&id) {
             None => Ok(None),
-            Some(s) => Ok(Some((s.step, s.m.host()?, s.v.host()?))),
+            Some(s) => Ok(Some((s.step, s.m.values()?, s.v.values()?))),
         }
     }
 
@@ -183,8 +189,8 @@ impl AdamW {
             id,
             Moments {
                 step,
-                m: Buf(Storage::Cpu(crate::cpu::CpuStorage::F32(m))),
-                v: Buf(Storage::Cpu(crate::cpu::CpuStorage::F32(v))),
+                m: Buf::host(m)?,
+                v: Buf::host(v)?,
             },
         );
         Ok(())

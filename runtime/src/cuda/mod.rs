@@ -27,7 +27,7 @@
 //!   ([`crate::backend::LinearBackend`]), over [`lin_kernels`] (copies,
 //!   epilogue, column sums, the GEMM with its post operations) and
 //!   [`mx_tile`] (one-pass MX quantization along rows and columns).
-//! - [`adamw`]: the AdamW update ([`crate::backend::OptimBackend`]).
+//! - `adamw`: the AdamW update ([`crate::backend::OptimBackend`]).
 
 pub(crate) mod adamw;
 pub mod alloc;

@@ -1,6 +1,6 @@
 //! The CUDA linear primitives ([`LinearBackend`]) on device buffers.
 //!
-//! | format | quantize ([`super::operand_quantize`]) | GEMM |
+//! | format | quantize (`operand_quantize.rs`) | GEMM |
 //! |---|---|---|
 //! | BF16 | a zero-padded BF16 copy, or the input read in place when it is BF16 with both sides multiples of 16; a kept copy is unpadded | cuBLASLt BF16 (an operand whose reduction axis is its first is read transposed, in place), cropped |
 //! | tensorwise FP8 | `fp8_cast_2d`: the codes and/or their transpose from one read, padded to 16; the amax check deferred | cuBLASLt FP8 with per-tensor scale pointers; the FNUZ formats, which NVIDIA lacks, decoded exactly to BF16, a BF16 GEMM and both scales after it |

@@ -7,9 +7,9 @@
 //!
 //! | GEMM | reduction | a | b |
 //! |---|---|---|---|
-//! | fprop y = x W^T | K | x along its rows | W along its rows |
-//! | dgrad dx = dy W | N | dy along its rows | W along its columns (kept) |
-//! | wgrad dW = dy^T x | M | dy along its columns | x along its columns (kept) |
+//! | fprop y = x W^T | K | x along K ([`Along::Cols`]) | W along K |
+//! | dgrad dx = dy W | N | dy along N | W along N ([`Along::Rows`], kept) |
+//! | wgrad dW = dy^T x | M | dy along M | x along M (kept) |
 //!
 //! The forward asks for x's fprop operand and its kept wgrad copy in one
 //! request, and likewise for W (nothing kept when dgrad is a BF16 GEMM: it
