@@ -318,7 +318,10 @@ fn per_gemm_overrides_run_each_gemm_as_named() {
         k: 70,
         n: 38,
     };
-    for r in [fprop_bf16, backward_fp8, wgrad_only] {
+    let dgrad_bf16 = Recipe::new(RecipeKind::Mxfp4)
+        .with_option("dgrad", "bf16")
+        .unwrap();
+    for r in [fprop_bf16, backward_fp8, wgrad_only, dgrad_bf16] {
         check_against_reference(&r, ragged, 51);
     }
     let s = LinearShape {
@@ -460,4 +463,26 @@ fn non_finite_inputs_are_named_errors_for_fp8() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("test.linear gradient, iteration 5"), "{err}");
+}
+
+/// A BF16 dgrad keeps no copy of W: its backward needs the master weight.
+#[test]
+fn bf16_dgrad_reads_the_master_weight() {
+    let s = LinearShape { m: 4, k: 8, n: 3 };
+    let (x, w) = (randn(32, 51, 1.0), CpuStorage::F32(randn(24, 52, 1.0)));
+    let dy = CpuStorage::F32(randn(12, 53, 1.0));
+    for r in [
+        Recipe::new(RecipeKind::Bf16),
+        Recipe::new(RecipeKind::Mxfp4)
+            .with_option("dgrad", "bf16")
+            .unwrap(),
+    ] {
+        let (_, saved) = forward(&call(&r, s), &CpuStorage::F32(x.clone()), &w, None).unwrap();
+        assert!(saved.w.is_none(), "{r} kept W");
+        let err = backward(&call(&r, s), &saved, None, &dy)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("reads the master weight"), "{err}");
+        assert!(backward(&call(&r, s), &saved, Some(&w), &dy).is_ok());
+    }
 }
