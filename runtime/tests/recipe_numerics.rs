@@ -302,25 +302,16 @@ fn every_gemm_matches_the_quantize_dequantize_reference() {
 /// and W in E4M3 (1.0).
 #[test]
 fn per_gemm_overrides_run_each_gemm_as_named() {
-    let fprop_bf16 = Recipe::new(RecipeKind::Mxfp4)
-        .with_option("fprop", "bf16")
-        .unwrap();
-    let backward_fp8 = Recipe::new(RecipeKind::Mxfp4)
-        .with_option("dgrad", "fp8")
-        .unwrap()
-        .with_option("wgrad", "fp8")
-        .unwrap();
-    let wgrad_only = Recipe::new(RecipeKind::Mxfp8)
-        .with_option("wgrad", "bf16")
-        .unwrap();
+    let parse = |text: &str| text.parse::<Recipe>().unwrap();
+    let fprop_bf16 = parse("mxfp4(fprop = bf16)");
+    let backward_fp8 = parse("mxfp4(dgrad = fp8, wgrad = fp8)");
+    let wgrad_only = parse("mxfp8(wgrad = bf16)");
     let ragged = LinearShape {
         m: 45,
         k: 70,
         n: 38,
     };
-    let dgrad_bf16 = Recipe::new(RecipeKind::Mxfp4)
-        .with_option("dgrad", "bf16")
-        .unwrap();
+    let dgrad_bf16 = parse("mxfp4(dgrad = bf16)");
     for r in [fprop_bf16, backward_fp8, wgrad_only, dgrad_bf16] {
         check_against_reference(&r, ragged, 51);
     }
