@@ -14,7 +14,7 @@ closely the two loss curves agree.
     python3 bench/flux_tiny_peer.py [--mxswitch ./target/release/mxswitch] [--iters 80]
 
 The Rust sources this mirrors: models/src/flux/{model,data}.rs,
-models/configs/flux-tiny.ron, src/train/mod.rs, runtime/src/recipe/*.rs,
+models/configs/flux-tiny.ron, src/train/mod.rs, runtime/recipes/src/*.rs, runtime/src/qlinear/,
 runtime/src/quant/*.rs, runtime/src/formats.rs, runtime/src/module.rs.
 """
 
@@ -290,7 +290,7 @@ def fp8_tensorwise(x, fmt):
 
 
 # --------------------------------------------------------------------------
-# Quantized linears (runtime/src/recipe/linear.rs)
+# Quantized linears (runtime/src/qlinear/ with runtime/src/cpu/operand.rs)
 # --------------------------------------------------------------------------
 class Mxfp4Linear(torch.autograd.Function):
     """mxfp4: fprop x 1x32 along K, W 32x32 tiles; dgrad dy along N, W tiles
