@@ -16,8 +16,8 @@
 //!
 //! The format and its rules are `mxswitch_recipes`', which
 //! `#[precision(config = "...")]` reads at compile time too, so both accept
-//! the same files. Whether a schedule names only a model's compiled-in
-//! recipes is checked by [`crate::plan::check_schedule`].
+//! the same files. Whether a schedule names only the recipes a model's
+//! attribute allows is checked by [`crate::plan::check_schedule`].
 
 pub use mxswitch_recipes::{PhaseConfig, RecipeOptions, ScheduleConfig};
 
