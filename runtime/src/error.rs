@@ -38,6 +38,10 @@ pub enum Error {
     /// names where (`file:line:column`) and the field.
     #[error("{0}")]
     Config(String),
+    /// A layer or parameter was used before the model's weights were
+    /// allocated; names what (a linear's plan path, a parameter's path).
+    #[error("{what} has no weights: allocate the model (mxswitch_runtime::module::allocate) before running it")]
+    NotAllocated { what: String },
     /// A combination that is valid but not implemented.
     #[error("not implemented: {0}")]
     NotImplemented(String),
