@@ -71,10 +71,9 @@ impl QuantLinear {
     /// y has x's dtype (f32 or BF16 activations).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let Some(weight) = &self.weight else {
-            return Err(Error::InvalidOption(format!(
-                "linear `{}` has no weights: allocate the model before running it",
-                self.path
-            )));
+            return Err(Error::NotAllocated {
+                what: format!("linear `{}`", self.path),
+            });
         };
         let k = self.in_features;
         if x.dims().last() != Some(&k) {

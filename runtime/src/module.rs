@@ -128,9 +128,9 @@ pub fn named_params<M: Parameters + ?Sized>(model: &mut M) -> Result<Vec<(String
 
 /// The parameter of a slot, or the error for one that was never allocated.
 pub fn allocated<'s>(slot: &'s ParamSlot<'_>) -> Result<&'s Param> {
-    slot.param
-        .as_ref()
-        .ok_or_else(|| Error::InvalidOption(format!("parameter `{}` is not allocated", slot.path)))
+    slot.param.as_ref().ok_or_else(|| Error::NotAllocated {
+        what: format!("parameter `{}`", slot.path),
+    })
 }
 
 /// One optimizer step over every allocated parameter of `model` that has a
@@ -241,8 +241,8 @@ impl Dense {
 
     /// y = x W^T + b in f32, returned in x's dtype.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let w = self.weight.as_ref().ok_or_else(|| {
-            Error::InvalidOption("a dense layer has no weights: allocate the model first".into())
+        let w = self.weight.as_ref().ok_or_else(|| Error::NotAllocated {
+            what: "a dense layer".into(),
         })?;
         let y = crate::ops::linear(&x.to_dtype(crate::DType::F32)?, w, self.bias.as_deref())?;
         y.to_dtype(x.dtype())

@@ -216,45 +216,33 @@ pub trait PrecisionModel: Planned {
     fn schedule() -> &'static Schedule;
 }
 
-impl<T: Planned> Planned for Vec<T> {
-    const CAN_HOLD_LINEARS: bool = T::CAN_HOLD_LINEARS;
-    fn visit_linears(
-        &self,
-        cx: &mut PlanCx<'_>,
-        f: &mut dyn FnMut(LinearSite<'_>, &dyn PlanLinear),
-    ) {
-        self.iter().for_each(|t| t.visit_linears(cx, f));
-    }
-    fn visit_linears_mut(
-        &mut self,
-        cx: &mut PlanCx<'_>,
-        f: &mut dyn FnMut(LinearSite<'_>, &mut dyn PlanLinear),
-    ) {
-        self.iter_mut().for_each(|t| t.visit_linears_mut(cx, f));
-    }
+/// A `Vec`'s linears are its elements' in order, an `Option`'s those of
+/// its value if it has one: both walk `iter()` / `iter_mut()`.
+macro_rules! planned_collections {
+    ($($coll:ident),*) => {
+        $(
+            impl<T: Planned> Planned for $coll<T> {
+                const CAN_HOLD_LINEARS: bool = T::CAN_HOLD_LINEARS;
+                fn visit_linears(
+                    &self,
+                    cx: &mut PlanCx<'_>,
+                    f: &mut dyn FnMut(LinearSite<'_>, &dyn PlanLinear),
+                ) {
+                    self.iter().for_each(|t| t.visit_linears(cx, f));
+                }
+                fn visit_linears_mut(
+                    &mut self,
+                    cx: &mut PlanCx<'_>,
+                    f: &mut dyn FnMut(LinearSite<'_>, &mut dyn PlanLinear),
+                ) {
+                    self.iter_mut().for_each(|t| t.visit_linears_mut(cx, f));
+                }
+            }
+        )*
+    };
 }
 
-impl<T: Planned> Planned for Option<T> {
-    const CAN_HOLD_LINEARS: bool = T::CAN_HOLD_LINEARS;
-    fn visit_linears(
-        &self,
-        cx: &mut PlanCx<'_>,
-        f: &mut dyn FnMut(LinearSite<'_>, &dyn PlanLinear),
-    ) {
-        if let Some(t) = self {
-            t.visit_linears(cx, f)
-        }
-    }
-    fn visit_linears_mut(
-        &mut self,
-        cx: &mut PlanCx<'_>,
-        f: &mut dyn FnMut(LinearSite<'_>, &mut dyn PlanLinear),
-    ) {
-        if let Some(t) = self {
-            t.visit_linears_mut(cx, f)
-        }
-    }
-}
+planned_collections!(Vec, Option);
 
 /// The plan of a model instance.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -289,10 +289,7 @@ impl Tensor {
     pub fn to_vec_bf16_bits(&self) -> Result<Vec<u16>> {
         match self.host()? {
             CpuStorage::BF16(v) => Ok(v),
-            _ => Err(Error::DType(format!(
-                "to_vec_bf16_bits on a {} tensor",
-                self.dtype()
-            ))),
+            _ => Err(self.wrong_dtype("to_vec_bf16_bits")),
         }
     }
 
@@ -300,11 +297,13 @@ impl Tensor {
     pub fn to_vec_u8(&self) -> Result<Vec<u8>> {
         match self.host()? {
             CpuStorage::U8(v) => Ok(v),
-            _ => Err(Error::DType(format!(
-                "to_vec_u8 on a {} tensor",
-                self.dtype()
-            ))),
+            _ => Err(self.wrong_dtype("to_vec_u8")),
         }
+    }
+
+    /// The error of a raw-element read, `method`, of a tensor of another dtype.
+    fn wrong_dtype(&self, method: &str) -> Error {
+        Error::DType(format!("{method} on a {} tensor", self.dtype()))
     }
 
     /// The value of a single-element float tensor.

@@ -20,7 +20,9 @@ const EPS: f32 = 1e-6;
 pub(crate) const TIME_DIM: usize = 256;
 
 fn unallocated() -> mxswitch_runtime::Error {
-    mxswitch_runtime::Error::InvalidOption("the model has no weights: call allocate() first".into())
+    mxswitch_runtime::Error::NotAllocated {
+        what: "the model".into(),
+    }
 }
 
 /// in -> H -> SiLU -> H (`MLPEmbedder`).

@@ -292,7 +292,10 @@ mod tests {
         assert!(names.starts_with(&["bf16", "fp8", "fp8_fnuz", "mxfp4", "mxfp8"]));
         assert_eq!(
             e,
-            format!("unknown recipe `int8`; expected one of {}", names.join(", "))
+            format!(
+                "unknown recipe `int8`; expected one of {}",
+                names.join(", ")
+            )
         );
         let e = Opt::from_name("sclae").unwrap_err().message;
         assert_eq!(e, "unknown recipe option `sclae`; did you mean `scale`?");

@@ -4,6 +4,19 @@ use crate::op::{BinaryOp, Op, ReduceOp, UnaryOp};
 use crate::storage::Storage;
 use crate::{Error, Layout, Result, Shape, Tensor};
 
+/// One-line element-wise methods, each `self.unary(UnaryOp::$op)`, with
+/// their doc strings.
+macro_rules! unary_methods {
+    ($($(#[$doc:meta])* $name:ident => $op:ident,)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(&self) -> Result<Tensor> {
+                self.unary(UnaryOp::$op)
+            }
+        )*
+    };
+}
+
 impl Tensor {
     pub(crate) fn unary(&self, op: UnaryOp) -> Result<Tensor> {
         let storage = self.storage().unary(self.layout(), op)?;
@@ -22,41 +35,23 @@ impl Tensor {
         ))
     }
 
-    pub fn exp(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Exp)
-    }
-
-    /// Natural logarithm.
-    pub fn log(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Log)
-    }
-
-    pub fn sqrt(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Sqrt)
-    }
-
-    /// 1 / sqrt(x).
-    pub fn rsqrt(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Rsqrt)
-    }
-
-    /// x^2.
-    pub fn sqr(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Sqr)
-    }
-
-    pub fn tanh(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Tanh)
-    }
-
-    /// x * sigmoid(x).
-    pub fn silu(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::Silu)
-    }
-
-    /// GELU with the tanh approximation (Flux's MLP activation).
-    pub fn gelu_tanh(&self) -> Result<Tensor> {
-        self.unary(UnaryOp::GeluTanh)
+    unary_methods! {
+        /// e^x.
+        exp => Exp,
+        /// Natural logarithm.
+        log => Log,
+        /// Square root.
+        sqrt => Sqrt,
+        /// 1 / sqrt(x).
+        rsqrt => Rsqrt,
+        /// x^2.
+        sqr => Sqr,
+        /// Hyperbolic tangent.
+        tanh => Tanh,
+        /// x * sigmoid(x).
+        silu => Silu,
+        /// GELU with the tanh approximation (Flux's MLP activation).
+        gelu_tanh => GeluTanh,
     }
 
     /// x * mul + add.
