@@ -144,8 +144,8 @@ pub struct Fp8Outputs {
 pub struct Fp8Device2d {
     pub rows: usize,
     pub cols: usize,
-    pub rows_pad: usize,
-    pub cols_pad: usize,
+    /// `[rows_pad, cols_pad]`: rows and cols rounded up to the padding asked for.
+    pub padded: [usize; 2],
     pub elem: ElemFormat,
     /// `[rows_pad, cols_pad]` codes, if asked for; padding is the zero code.
     pub codes: Option<DevBuf>,
@@ -578,8 +578,7 @@ impl CudaContext {
         let q = Fp8Device2d {
             rows,
             cols,
-            rows_pad,
-            cols_pad,
+            padded: [rows_pad, cols_pad],
             elem,
             codes: outputs.rows.then(|| self.alloc(bytes)).transpose()?,
             codes_t: outputs.cols.then(|| self.alloc(bytes)).transpose()?,

@@ -67,7 +67,7 @@ fn compare_fp8_2d(
         .map_err(|e| format!("CPU: {e}"))?;
     let (rp, cp) = (rows.next_multiple_of(pad_to), cols.next_multiple_of(pad_to));
     let mut bad = Vec::new();
-    if (q.rows_pad, q.cols_pad) != (rp, cp) {
+    if q.padded != [rp, cp] {
         bad.push(format!("padded shape {}x{}", q.rows_pad, q.cols_pad));
     }
     let (amax_g, scale, scale_inv) = gpu(q.read_scales(ctx))?;
