@@ -68,7 +68,7 @@ fn compare_fp8_2d(
     let (rp, cp) = (rows.next_multiple_of(pad_to), cols.next_multiple_of(pad_to));
     let mut bad = Vec::new();
     if q.padded != [rp, cp] {
-        bad.push(format!("padded shape {}x{}", q.rows_pad, q.cols_pad));
+        bad.push(format!("padded shape {}x{}", q.padded[0], q.padded[1]));
     }
     let (amax_g, scale, scale_inv) = gpu(q.read_scales(ctx))?;
     if amax_g.to_bits() != amax(&x).to_bits()
@@ -139,7 +139,7 @@ pub fn check_fp8_2d(ctx: &CudaContext, rep: &mut Report) {
             16,
             both,
         ))?;
-        let (rp, cp) = (q.rows_pad, q.cols_pad);
+        let [rp, cp] = q.padded;
         let pad_nonzero = |b: &Option<DevBuf>, width: usize, real_r: usize, real_c: usize| {
             let v: Vec<u8> = b
                 .as_ref()
