@@ -192,7 +192,7 @@ fn schnell_plan_without_weights() {
             "single_blocks.37.mlp_fc2"
         ]
     );
-    assert!(model.double_blocks[0].img_qkv.weight.is_none());
+    assert!(model.double_blocks[0].img_qkv.params.weight.is_none());
 }
 
 #[test]

@@ -8,22 +8,22 @@
 
 use std::sync::Arc;
 
-use crate::module::{linear_slots, Init, ParamSlot, Parameters};
+use crate::module::{LinearParams, ParamSlot, Parameters};
 use crate::ops::{apply_custom, CustomOp};
 use crate::plan::{LinearSite, PlanLinear};
 use crate::qlinear::{reads_master_weight, LinearCall, LinearCtx, LinearShape};
 use crate::recipe::{Recipe, RecipeKind};
 use crate::storage::{SavedLinear, Storage};
-use crate::{Error, Param, Result, Tensor};
+use crate::{Error, Result, Tensor};
 
 /// A quantized linear of the precision plan (a `#[quantize]` field).
 ///
 /// Built shape-first with [`QuantLinear::new`], so a model's plan can be
 /// known without allocating its weights; [`crate::module::allocate`] gives it weights.
 pub struct QuantLinear {
-    pub in_features: usize,
-    pub out_features: usize,
-    pub has_bias: bool,
+    /// The shape, the f32 master weight `[out_features, in_features]` and
+    /// the f32 bias `[out_features]`.
+    pub params: LinearParams,
     recipe: Recipe,
     /// Plan path, e.g. `double_blocks.3.img_qkv`: names errors and labels
     /// saved bytes. Shared, so a forward call copies a pointer, not the text.
@@ -31,10 +31,6 @@ pub struct QuantLinear {
     /// Position in the plan: keys the stochastic rounding of its gradients.
     index: u64,
     iteration: u64,
-    /// [out_features, in_features], f32 master weight.
-    pub weight: Option<Param>,
-    /// `[out_features]`, f32.
-    pub bias: Option<Param>,
     /// Seed of stochastic rounding.
     pub seed: u64,
 }
@@ -44,16 +40,12 @@ impl QuantLinear {
     /// schedule is applied.
     pub fn new(in_features: usize, out_features: usize, has_bias: bool) -> Self {
         QuantLinear {
-            in_features,
-            out_features,
-            has_bias,
+            params: LinearParams::new(in_features, out_features, has_bias),
             recipe: Recipe::new(RecipeKind::Bf16),
             path: Arc::from(""),
             index: 0,
             iteration: 0,
             seed: 0,
-            weight: None,
-            bias: None,
         }
     }
 
@@ -62,26 +54,21 @@ impl QuantLinear {
         &self.path
     }
 
-    /// Number of weight and bias values.
-    pub fn num_params(&self) -> usize {
-        self.in_features * self.out_features + if self.has_bias { self.out_features } else { 0 }
-    }
-
     /// y = x W^T + b for x [.., in_features], under the current recipe.
     /// y has x's dtype (f32 or BF16 activations).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let Some(weight) = &self.weight else {
+        let Some(weight) = &self.params.weight else {
             return Err(Error::NotAllocated {
                 what: format!("linear `{}`", self.path),
             });
         };
-        let k = self.in_features;
+        let k = self.params.in_features;
         if x.dims().last() != Some(&k) {
             return Err(Error::Shape(format!(
                 "linear `{}`: input {:?} must end in {k} features (W is [{}, {k}])",
                 self.path,
                 x.shape(),
-                self.out_features
+                self.params.out_features
             )));
         }
         let m = x.elem_count() / k;
@@ -90,12 +77,12 @@ impl QuantLinear {
             shape: LinearShape {
                 m,
                 k,
-                n: self.out_features,
+                n: self.params.out_features,
             },
             out_dims: x.dims()[..x.rank() - 1]
                 .iter()
                 .copied()
-                .chain([self.out_features])
+                .chain([self.params.out_features])
                 .collect(),
             path: self.path.clone(),
             iteration: self.iteration,
@@ -103,7 +90,7 @@ impl QuantLinear {
             index: self.index,
         };
         let mut inputs = vec![x, &**weight];
-        if let Some(b) = &self.bias {
+        if let Some(b) = &self.params.bias {
             inputs.push(b);
         }
         Ok(apply_custom(op, &inputs)?.remove(0))
@@ -112,10 +99,8 @@ impl QuantLinear {
 
 impl Parameters for QuantLinear {
     fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
-        let init = Init::Uniform(1.0 / (self.in_features as f32).sqrt());
-        let shape = [self.out_features, self.in_features];
-        let bias = self.has_bias.then_some(&mut self.bias);
-        linear_slots(prefix, shape, init, &mut self.weight, bias, f);
+        let init = self.params.uniform_init();
+        self.params.visit_slots(prefix, init, f);
     }
 }
 

@@ -209,27 +209,74 @@ impl SplitMix64 {
     }
 }
 
-/// A high-precision linear (embedders, modulation, final layer): f32
-/// weights, shape known before allocation, never quantized.
-pub struct Dense {
+/// The shape and parameters of a linear layer, y = x W^T + b: `weight`
+/// `[out_features, in_features]` and, if `has_bias`, `bias`
+/// `[out_features]`, both f32 and `None` until [`allocate`] fills them.
+/// Held by [`Dense`] and [`crate::linear::QuantLinear`].
+pub struct LinearParams {
     pub in_features: usize,
     pub out_features: usize,
     pub has_bias: bool,
-    /// Zero-initialized (Flux's modulation and final layer), so the untrained model outputs 0.
-    pub zero_init: bool,
     pub weight: Option<Param>,
     pub bias: Option<Param>,
+}
+
+impl LinearParams {
+    /// The shape, without weights.
+    pub fn new(in_features: usize, out_features: usize, has_bias: bool) -> Self {
+        LinearParams {
+            in_features,
+            out_features,
+            has_bias,
+            weight: None,
+            bias: None,
+        }
+    }
+
+    /// Number of weight and bias values.
+    pub fn num_params(&self) -> usize {
+        self.in_features * self.out_features + if self.has_bias { self.out_features } else { 0 }
+    }
+
+    /// The default init: uniform in +-1/sqrt(in_features).
+    pub fn uniform_init(&self) -> Init {
+        Init::Uniform(1.0 / (self.in_features as f32).sqrt())
+    }
+
+    /// The slots `weight` and, if `has_bias`, `bias`, both drawn from `init`.
+    pub fn visit_slots(&mut self, prefix: &str, init: Init, f: &mut dyn FnMut(ParamSlot<'_>)) {
+        f(ParamSlot::new(
+            prefix,
+            "weight",
+            vec![self.out_features, self.in_features],
+            init,
+            &mut self.weight,
+        ));
+        if self.has_bias {
+            f(ParamSlot::new(
+                prefix,
+                "bias",
+                vec![self.out_features],
+                init,
+                &mut self.bias,
+            ));
+        }
+    }
+}
+
+/// A high-precision linear (embedders, modulation, final layer): f32
+/// weights, shape known before allocation, never quantized.
+pub struct Dense {
+    pub params: LinearParams,
+    /// Zero-initialized (Flux's modulation and final layer), so the untrained model outputs 0.
+    pub zero_init: bool,
 }
 
 impl Dense {
     pub fn new(in_features: usize, out_features: usize, has_bias: bool) -> Self {
         Dense {
-            in_features,
-            out_features,
-            has_bias,
+            params: LinearParams::new(in_features, out_features, has_bias),
             zero_init: false,
-            weight: None,
-            bias: None,
         }
     }
 
@@ -241,10 +288,15 @@ impl Dense {
 
     /// y = x W^T + b in f32, returned in x's dtype.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let w = self.weight.as_ref().ok_or_else(|| Error::NotAllocated {
-            what: "a dense layer".into(),
-        })?;
-        let y = crate::ops::linear(&x.to_dtype(crate::DType::F32)?, w, self.bias.as_deref())?;
+        let w = self
+            .params
+            .weight
+            .as_ref()
+            .ok_or_else(|| Error::NotAllocated {
+                what: "a dense layer".into(),
+            })?;
+        let b = self.params.bias.as_deref();
+        let y = crate::ops::linear(&x.to_dtype(crate::DType::F32)?, w, b)?;
         y.to_dtype(x.dtype())
     }
 }
@@ -254,38 +306,9 @@ impl Parameters for Dense {
         let init = if self.zero_init {
             Init::Zeros
         } else {
-            Init::Uniform(1.0 / (self.in_features as f32).sqrt())
+            self.params.uniform_init()
         };
-        let shape = [self.out_features, self.in_features];
-        let bias = self.has_bias.then_some(&mut self.bias);
-        linear_slots(prefix, shape, init, &mut self.weight, bias, f);
-    }
-}
-
-/// The slots of a linear layer: `weight` `[out, in]` and, if given, `bias` `[out]`.
-pub fn linear_slots(
-    prefix: &str,
-    [out_features, in_features]: [usize; 2],
-    init: Init,
-    weight: &mut Option<Param>,
-    bias: Option<&mut Option<Param>>,
-    f: &mut dyn FnMut(ParamSlot<'_>),
-) {
-    f(ParamSlot::new(
-        prefix,
-        "weight",
-        vec![out_features, in_features],
-        init,
-        weight,
-    ));
-    if let Some(bias) = bias {
-        f(ParamSlot::new(
-            prefix,
-            "bias",
-            vec![out_features],
-            init,
-            bias,
-        ));
+        self.params.visit_slots(prefix, init, f);
     }
 }
 

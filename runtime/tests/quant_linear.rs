@@ -73,8 +73,8 @@ fn gradients_are_the_recipes() {
     let dyv = randn(m * n, 6, 0.01);
     let x = Tensor::from_vec(xv.clone(), [m, k], &Device::Cpu).unwrap();
     let dy = Tensor::from_vec(dyv.clone(), [m, n], &Device::Cpu).unwrap();
-    let w = CpuStorage::F32(lin.weight.as_ref().unwrap().to_vec_f32().unwrap());
-    let b = CpuStorage::F32(lin.bias.as_ref().unwrap().to_vec_f32().unwrap());
+    let w = CpuStorage::F32(lin.params.weight.as_ref().unwrap().to_vec_f32().unwrap());
+    let b = CpuStorage::F32(lin.params.bias.as_ref().unwrap().to_vec_f32().unwrap());
     for (recipe, ..) in recipes() {
         lin.set_recipe(recipe);
         let y = lin.forward(&x).unwrap();
@@ -95,12 +95,12 @@ fn gradients_are_the_recipes() {
         let g = backward(&call, &saved, Some(&w), &dys).unwrap();
         assert_eq!(y.to_vec_f32().unwrap(), values(y_ref), "{recipe} y");
         let dw = grads
-            .get(lin.weight.as_ref().unwrap().id())
+            .get(lin.params.weight.as_ref().unwrap().id())
             .unwrap()
             .to_vec_f32()
             .unwrap();
         let db = grads
-            .get(lin.bias.as_ref().unwrap().id())
+            .get(lin.params.bias.as_ref().unwrap().id())
             .unwrap()
             .to_vec_f32()
             .unwrap();
@@ -120,7 +120,7 @@ fn activation_dtype_is_kept() {
         .unwrap();
     let y = lin.forward(&x).unwrap();
     assert_eq!((y.dims(), y.dtype()), (&[2usize, 2, 16][..], DType::BF16));
-    assert_eq!(lin.weight.as_ref().unwrap().dtype(), DType::F32);
+    assert_eq!(lin.params.weight.as_ref().unwrap().dtype(), DType::F32);
 }
 
 #[test]

@@ -225,9 +225,9 @@ pub(crate) fn estimate(cfg: &RunConfig) -> std::result::Result<MemoryEstimate, O
         Err(_) => (x32, w32) = (64, 64),
     }
     let weights = |linears: &[&mxswitch_runtime::linear::QuantLinear]| {
-        linears
-            .iter()
-            .fold(n(0), |acc, l| acc + n(l.in_features) * n(l.out_features))
+        linears.iter().fold(n(0), |acc, l| {
+            acc + n(l.params.in_features) * n(l.params.out_features)
+        })
     };
     let double_w = model
         .double_blocks

@@ -75,7 +75,7 @@ impl Modulation {
 
     /// vec [B, H] -> one or two ModulationOut.
     fn forward(&self, vec: &Tensor) -> Result<Vec<ModulationOut>> {
-        let h = self.lin.in_features;
+        let h = self.lin.params.in_features;
         let out = self.lin.forward(&vec.silu()?)?.unsqueeze(1)?; // [B, 1, mult*H]
         let chunks = out.split(-1, &vec![h; if self.double { 6 } else { 3 }])?;
         Ok(chunks
@@ -316,7 +316,7 @@ pub struct LastLayer {
 
 impl LastLayer {
     fn forward(&self, x: &Tensor, vec: &Tensor) -> Result<Tensor> {
-        let h = self.linear.in_features;
+        let h = self.linear.params.in_features;
         let m = self.ada_ln_modulation.forward(&vec.silu()?)?.unsqueeze(1)?;
         let parts = m.split(-1, &[h, h])?;
         let (shift, scale) = (&parts[0], &parts[1]);
