@@ -96,6 +96,14 @@ fn leftovers(dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// The bytes of a run folder's three files.
+fn run_files(dir: &Path) -> Vec<Vec<u8>> {
+    ["checkpoint.safetensors", "metrics.jsonl", "loss.png"]
+        .iter()
+        .map(|f| std::fs::read(dir.join(f)).unwrap())
+        .collect()
+}
+
 /// Issue item 4: `--iters` at or below the checkpoint's iteration is an
 /// error naming both numbers, and the run folder is left as it was.
 #[test]
@@ -104,10 +112,7 @@ fn a_short_resume_is_refused_and_changes_nothing() {
     let r = dir.path().join("R");
     train(&r, 6, 3);
     let ckpt = r.join("checkpoint.safetensors");
-    let before: Vec<Vec<u8>> = ["checkpoint.safetensors", "metrics.jsonl", "loss.png"]
-        .iter()
-        .map(|f| std::fs::read(r.join(f)).unwrap())
-        .collect();
+    let before = run_files(&r);
     for iters in ["3", "6"] {
         fails_with(
             &[
@@ -126,10 +131,7 @@ fn a_short_resume_is_refused_and_changes_nothing() {
             &[&format!("--iters {iters}"), "iteration 6"],
         );
     }
-    let after: Vec<Vec<u8>> = ["checkpoint.safetensors", "metrics.jsonl", "loss.png"]
-        .iter()
-        .map(|f| std::fs::read(r.join(f)).unwrap())
-        .collect();
+    let after = run_files(&r);
     assert!(before == after, "a refused resume changed the run folder");
 }
 
