@@ -55,6 +55,8 @@ impl ParamId {
         ParamId(NEXT.fetch_add(1, Ordering::Relaxed))
     }
 
+    /// The raw number: unique within the process, handed out in creation order,
+    /// so not stable across runs.
     pub fn as_u64(self) -> u64 {
         self.0
     }
@@ -79,10 +81,12 @@ impl Param {
         })
     }
 
+    /// The parameter's id, kept across [`Param::set`].
     pub fn id(&self) -> ParamId {
         self.id
     }
 
+    /// The current value, a tape leaf: ops on it record gradients for this id.
     pub fn tensor(&self) -> &Tensor {
         &self.value
     }
@@ -204,30 +208,39 @@ pub struct Gradients {
 }
 
 impl Gradients {
+    /// The gradient of `id`, if the backward pass reached it.
     pub fn get(&self, id: ParamId) -> Option<&Tensor> {
         self.map.get(&id)
     }
 
+    /// Sets the gradient of `id`, returning the one it replaces (no accumulation;
+    /// see [`Gradients::accumulate`]).
     pub fn insert(&mut self, id: ParamId, grad: Tensor) -> Option<Tensor> {
         self.map.insert(id, grad)
     }
 
+    /// Takes the gradient of `id` out, if present.
     pub fn remove(&mut self, id: ParamId) -> Option<Tensor> {
         self.map.remove(&id)
     }
 
+    /// Number of parameters with a gradient.
     pub fn len(&self) -> usize {
         self.map.len()
     }
 
+    /// Whether no parameter has a gradient.
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }
 
+    /// The `(id, gradient)` pairs, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (ParamId, &Tensor)> {
         self.map.iter().map(|(&id, g)| (id, g))
     }
 
+    /// The `(id, gradient)` pairs with the gradients mutable (e.g. for clipping),
+    /// in no particular order.
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (ParamId, &mut Tensor)> {
         self.map.iter_mut().map(|(&id, g)| (id, g))
     }
@@ -256,6 +269,7 @@ impl SavedBytes {
         self.by_label.get(label).map_or(0, |e| e.0)
     }
 
+    /// The bytes saved over all labels.
     pub fn total(&self) -> usize {
         self.by_label.values().map(|e| e.0).sum()
     }

@@ -19,9 +19,12 @@ use crate::{DType, Device, Error, Layout, Result, Shape};
 
 /// A buffer of elements on one device.
 pub trait BackendStorage: Sized + Send + Sync {
+    /// The device type that allocates this storage (its pair in [`BackendDevice`]).
     type Device: BackendDevice<Storage = Self>;
 
+    /// The device the buffer lives on.
     fn device(&self) -> &Self::Device;
+    /// The element type of every element in the buffer.
     fn dtype(&self) -> DType;
     /// Size of the whole buffer in bytes (what a view of it keeps alive).
     fn buffer_bytes(&self) -> usize;
@@ -32,6 +35,7 @@ pub trait BackendStorage: Sized + Send + Sync {
     fn copy_strided(&self, layout: &Layout) -> Result<Self>;
     /// Converts the elements; f32 to bf16 rounds to nearest even.
     fn to_dtype(&self, layout: &Layout, dtype: DType) -> Result<Self>;
+    /// Applies `op` to each element of `layout`; the result keeps the input dtype.
     fn unary(&self, layout: &Layout, op: UnaryOp) -> Result<Self>;
     /// x * mul + add.
     fn affine(&self, layout: &Layout, mul: f32, add: f32) -> Result<Self>;
@@ -50,6 +54,8 @@ pub trait BackendStorage: Sized + Send + Sync {
     fn matmul(&self, layout: &Layout, rhs: &Self, rhs_layout: &Layout) -> Result<Self>;
     /// Concatenates along `axis`; shapes agree except on `axis`.
     fn concat(parts: &[(&Self, &Layout)], axis: usize) -> Result<Self>;
+    /// Numerically stable softmax over each row of the last axis (max subtracted
+    /// first, computed in f32); the result keeps the input dtype.
     fn softmax_last_dim(&self, layout: &Layout) -> Result<Self>;
     /// Normalizes each row of the last axis; returns `(y, rstd)` with rstd of
     /// shape `[.., 1]`. `rms` skips the mean subtraction (RMSNorm).
@@ -68,9 +74,12 @@ pub trait BackendStorage: Sized + Send + Sync {
 
 /// A device that can hold storages.
 pub trait BackendDevice: Sized + Clone + Send + Sync {
+    /// The storage type this device allocates (its pair in [`BackendStorage`]).
     type Storage: BackendStorage<Device = Self>;
 
+    /// Which device this is, as the backend-neutral [`Device`] tag.
     fn location(&self) -> Device;
+    /// A packed buffer of `shape.elem_count()` zero elements of `dtype`.
     fn zeros(&self, shape: &Shape, dtype: DType) -> Result<Self::Storage>;
     /// Uploads host data.
     fn storage_from_cpu(&self, data: CpuStorage) -> Result<Self::Storage>;
@@ -91,7 +100,12 @@ pub enum Format {
     /// BF16 values (round to nearest even), no scale.
     Bf16,
     /// FP8 codes with one f32 scale (SPEC section 3).
-    Tensorwise { elem: ElemFormat, pow2: bool },
+    Tensorwise {
+        /// The 8-bit element format (E4M3 or E5M2).
+        elem: ElemFormat,
+        /// Round the scale down to a power of two.
+        pow2: bool,
+    },
     /// MX blocks of 32 along the reduction axis (SPEC section 2).
     Mx(MxConfig),
 }
@@ -99,7 +113,9 @@ pub enum Format {
 /// One copy of a matrix that a GEMM reads: its format along its reduction axis.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Want {
+    /// How the copy is encoded.
     pub format: Format,
+    /// The axis the GEMM reduces over, which MX blocks and scales run along.
     pub along: Along,
 }
 
@@ -153,24 +169,34 @@ impl Want {
 /// `label` names the tensor in a non-finite-amax error (SPEC section 3).
 #[derive(Clone, Copy)]
 pub struct Request<'r> {
+    /// Rows of the `[rows, cols]` matrix.
     pub rows: usize,
+    /// Columns of the `[rows, cols]` matrix (the contiguous axis).
     pub cols: usize,
+    /// The copies the GEMMs about to run read, one operand each, in order.
     pub now: &'r [Want],
+    /// The copy saved for the backward pass, if any.
     pub keep: Option<Want>,
+    /// Builds the tensor's name for error messages; called only on error.
     pub label: &'r dyn Fn() -> String,
 }
 
 /// The answer to a [`Request`]: one operand per entry of `now`, in order,
 /// and the kept copy.
 pub struct Quantized<'a, B: LinearBackend> {
+    /// One operand per [`Request::now`] entry, in the same order.
     pub now: Vec<B::Operand<'a>>,
+    /// The copy asked for by [`Request::keep`]; owns its data so it can outlive
+    /// the input until the backward pass.
     pub keep: Option<B::Operand<'static>>,
 }
 
 /// A storage packed from element 0: its own buffer when the view already is,
 /// else a packed copy.
 pub enum Packed<'a, B> {
+    /// The input storage itself: it was already packed from element 0.
     Borrowed(&'a B),
+    /// A packed copy of the view.
     Owned(B),
 }
 
@@ -241,13 +267,21 @@ pub trait LinearBackend: BackendStorage + 'static {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamWScalars {
+    /// `1 - lr * weight_decay`: multiplies the weight first (decoupled decay).
     pub decay: f32,
+    /// beta1, the first-moment decay.
     pub b1: f32,
+    /// `1 - beta1`, computed once in f32.
     pub one_minus_b1: f32,
+    /// beta2, the second-moment decay.
     pub b2: f32,
+    /// `1 - beta2`, computed once in f32.
     pub one_minus_b2: f32,
+    /// `lr / (1 - beta1^t)` for step t, computed in f64 and rounded to f32.
     pub step_size: f32,
+    /// `sqrt(1 - beta2^t)` for step t, computed in f64 and rounded to f32.
     pub bias2_sqrt: f32,
+    /// Added to the bias-corrected `sqrt(v)` in the denominator.
     pub eps: f32,
 }
 
@@ -255,11 +289,15 @@ pub struct AdamWScalars {
 pub struct AdamWStep<'a, B> {
     /// The parameter's view of the storage.
     pub layout: &'a Layout,
+    /// The gradient, of the parameter's shape (f32 or BF16).
     pub grad: &'a B,
+    /// The gradient's view of `grad`.
     pub grad_layout: &'a Layout,
     /// The f32 moments, packed, one per element; updated in place.
     pub m: &'a mut B,
+    /// The second moment (f32, packed, one per element); updated in place.
     pub v: &'a mut B,
+    /// This step's scalars, the same for every parameter at the same step count.
     pub scalars: &'a AdamWScalars,
 }
 
@@ -286,5 +324,6 @@ pub trait DeviceStatus: BackendDevice {
     fn synchronize(&self) -> Result<()>;
     /// Free and total bytes of the device's memory.
     fn memory_info(&self) -> Result<(u64, u64)>;
+    /// The caching allocator's counts since the device was opened.
     fn memory_stats(&self) -> MemoryStats;
 }

@@ -8,6 +8,7 @@
 /// with one clear line (DESIGN.md, "Backends").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Device {
+    /// Host memory; always available (the default).
     #[default]
     Cpu,
     /// An NVIDIA GPU by ordinal.

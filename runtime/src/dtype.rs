@@ -9,6 +9,7 @@
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum DType {
+    /// IEEE 754 single precision, 4 bytes.
     F32,
     /// bfloat16 stored as its raw u16 bits.
     BF16,

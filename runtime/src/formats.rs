@@ -27,12 +27,17 @@ pub enum NanStyle {
 /// Constants of one sign-exponent-mantissa element format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MiniFloat {
+    /// Lower-case name as used in recipes and errors, e.g. `"e4m3fn"`.
     pub name: &'static str,
+    /// Width of the exponent field in bits.
     pub exp_bits: u32,
+    /// Width of the mantissa (fraction) field in bits.
     pub man_bits: u32,
+    /// Exponent bias: a normal code's value is 2^(e - bias) * 1.m.
     pub bias: i32,
     /// Code of the largest finite magnitude (sign bit clear).
     pub max_code: u8,
+    /// How the format spells NaN (and whether it has Inf).
     pub nan: NanStyle,
 }
 
@@ -50,14 +55,20 @@ impl MiniFloat {
 /// The element formats a quantizer can produce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ElemFormat {
+    /// OCP FP8 E4M3FN: bias 7, max 448, no Inf.
     E4M3FN,
+    /// OCP FP8 E5M2: bias 15, max 57344, IEEE-like Inf and NaN.
     E5M2,
+    /// gfx942 FP8 E4M3FNUZ: bias 8, max 240, no Inf, no negative zero.
     E4M3FNUZ,
+    /// gfx942 FP8 E5M2FNUZ: bias 16, max 57344, no Inf, no negative zero.
     E5M2FNUZ,
+    /// FP4 E2M1 (the MXFP4 element): bias 1, max 6, no Inf or NaN.
     E2M1,
 }
 
 impl ElemFormat {
+    /// Every format, in declaration order (for tests and exhaustive checks).
     pub const ALL: [ElemFormat; 5] = [
         ElemFormat::E4M3FN,
         ElemFormat::E5M2,

@@ -17,11 +17,17 @@ const GELU_CUBIC: f32 = 0.044_715;
 /// reference the other backends are checked against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UnaryOp {
+    /// e^x.
     Exp,
+    /// Natural logarithm; NaN below 0, -inf at 0.
     Log,
+    /// Square root; NaN below 0.
     Sqrt,
+    /// 1 / sqrt(x); +inf at 0.
     Rsqrt,
+    /// x * x.
     Sqr,
+    /// Hyperbolic tangent.
     Tanh,
     /// x * sigmoid(x).
     Silu,
@@ -34,6 +40,8 @@ pub enum UnaryOp {
 }
 
 impl UnaryOp {
+    /// The kernel name shared by every backend (a GPU kernel is `u<name>`), also
+    /// used in error messages.
     pub fn name(self) -> &'static str {
         match self {
             UnaryOp::Exp => "exp",
@@ -49,6 +57,7 @@ impl UnaryOp {
         }
     }
 
+    /// The scalar definition: the CPU kernel and the reference for other backends.
     #[inline]
     pub fn f32(self, x: f32) -> f32 {
         match self {
@@ -87,15 +96,20 @@ impl UnaryOp {
 /// the tensor layer with stride-0 views).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BinaryOp {
+    /// a + b.
     Add,
+    /// a - b.
     Sub,
+    /// a * b.
     Mul,
+    /// a / b (IEEE: division by zero gives inf or NaN, no error).
     Div,
     /// 1.0 where equal, else 0.0; a mask, never differentiated.
     Eq,
 }
 
 impl BinaryOp {
+    /// The kernel name shared by every backend, also used in error messages.
     pub fn name(self) -> &'static str {
         match self {
             BinaryOp::Add => "add",
@@ -106,6 +120,7 @@ impl BinaryOp {
         }
     }
 
+    /// The scalar definition: the CPU kernel and the reference for other backends.
     #[inline]
     pub fn f32(self, a: f32, b: f32) -> f32 {
         match self {
@@ -121,12 +136,14 @@ impl BinaryOp {
 /// Reductions over one axis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReduceOp {
+    /// Sum of the elements along the axis.
     Sum,
     /// Maximum; NaN wins, so a NaN is never hidden.
     Max,
 }
 
 impl ReduceOp {
+    /// The kernel name shared by every backend, also used in error messages.
     pub fn name(self) -> &'static str {
         match self {
             ReduceOp::Sum => "sum",

@@ -14,10 +14,15 @@ use crate::{DType, Device, Error, Gradients, Param, ParamId, Result, Shape, Tens
 /// beta2 0.95, eps 1e-8, weight decay 0.1.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct AdamWConfig {
+    /// Learning rate (>= 0).
     pub lr: f32,
+    /// First-moment decay, in [0, 1).
     pub beta1: f32,
+    /// Second-moment decay, in [0, 1).
     pub beta2: f32,
+    /// Added to the denominator for stability (>= 0).
     pub eps: f32,
+    /// Decoupled weight decay: each step scales w by `1 - lr * weight_decay` (>= 0).
     pub weight_decay: f32,
 }
 
@@ -117,6 +122,8 @@ pub struct AdamW {
 }
 
 impl AdamW {
+    /// An optimizer with no state yet. Errors with `InvalidOption` unless lr,
+    /// eps and weight_decay are >= 0 and both betas are in [0, 1).
     pub fn new(config: AdamWConfig) -> Result<AdamW> {
         let AdamWConfig {
             lr,
@@ -141,10 +148,12 @@ impl AdamW {
         })
     }
 
+    /// The hyper-parameters in use.
     pub fn config(&self) -> &AdamWConfig {
         &self.config
     }
 
+    /// Sets the learning rate for the next steps (for a schedule); not validated.
     pub fn set_lr(&mut self, lr: f32) {
         self.config.lr = lr;
     }

@@ -11,7 +11,9 @@
 /// A 1-based line and column; columns count characters, and a tab is one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Position {
+    /// 1-based line number.
     pub line: usize,
+    /// 1-based column, in characters (a tab counts as one).
     pub column: usize,
 }
 
@@ -46,6 +48,7 @@ impl<'a> RonSource<'a> {
         }
     }
 
+    /// The RON text itself.
     pub fn text(&self) -> &'a str {
         self.text
     }

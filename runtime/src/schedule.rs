@@ -21,6 +21,7 @@ pub struct Schedule {
     phases: Cow<'static, [Phase]>,
     /// Plan layers converted per iteration after a switch; 0 converts all at once.
     pub layers_per_iter: u64,
+    /// Which end of the layer stack a ramp converts first.
     pub order: Order,
 }
 
@@ -64,6 +65,7 @@ impl Schedule {
         }
     }
 
+    /// The phases, first (start 0) to last, starts strictly increasing.
     pub fn phases(&self) -> &[Phase] {
         &self.phases
     }
@@ -127,6 +129,7 @@ impl Schedule {
 /// `order` run `recipe`, the rest `previous`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Assignment {
+    /// The iteration this assignment is for.
     pub iteration: u64,
     /// Index of the phase in force.
     pub phase: usize,
@@ -139,6 +142,7 @@ pub struct Assignment {
     pub converted: usize,
     /// Number of plan layers (L).
     pub plan_len: usize,
+    /// The schedule's ramp order, which decides which layers count as converted.
     pub order: Order,
 }
 
@@ -180,14 +184,17 @@ impl Assignment {
 /// What an `apply(iteration)` did, in the words of SPEC section 6.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SwitchReport {
+    /// The iteration `apply` was called with.
     pub iteration: u64,
     /// The recipe of the phase in force.
     pub recipe: Recipe,
     /// Plan layers (k of L) running the phase's recipe.
     pub layers_converted: usize,
+    /// Plan layers in the model (L).
     pub layers_total: usize,
     /// Quantized linears (m of M) running the phase's recipe.
     pub linears_converted: usize,
+    /// Quantized linears in the model (M), extras included.
     pub linears_total: usize,
     /// Linears whose recipe this apply changed (0 when it was a no-op).
     pub changed: usize,

@@ -7,18 +7,22 @@ use crate::{Error, Result};
 pub struct Shape(Vec<usize>);
 
 impl Shape {
+    /// A shape with these dims, outermost first; an empty vec is a scalar.
     pub fn new(dims: Vec<usize>) -> Shape {
         Shape(dims)
     }
 
+    /// The dims, outermost first.
     pub fn dims(&self) -> &[usize] {
         &self.0
     }
 
+    /// Number of dims (0 for a scalar).
     pub fn rank(&self) -> usize {
         self.0.len()
     }
 
+    /// Product of the dims: 1 for a scalar, 0 if any dim is 0.
     pub fn elem_count(&self) -> usize {
         self.0.iter().product()
     }
@@ -159,10 +163,12 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// The row-major packed layout of `shape`, starting at buffer element 0.
     pub fn contiguous(shape: Shape) -> Layout {
         Layout::contiguous_at(shape, 0)
     }
 
+    /// The row-major packed layout of `shape`, starting at buffer element `offset`.
     pub fn contiguous_at(shape: Shape, offset: usize) -> Layout {
         let strides = shape.contiguous_strides();
         Layout {
@@ -172,18 +178,22 @@ impl Layout {
         }
     }
 
+    /// The view's shape.
     pub fn shape(&self) -> &Shape {
         &self.shape
     }
 
+    /// The view's dims, outermost first.
     pub fn dims(&self) -> &[usize] {
         self.shape.dims()
     }
 
+    /// Per-dim strides in elements (0 for a broadcast dim).
     pub fn strides(&self) -> &[usize] {
         &self.strides
     }
 
+    /// Buffer index, in elements, of the view's first element.
     pub fn offset(&self) -> usize {
         self.offset
     }

@@ -23,7 +23,9 @@ use crate::{DType, Device, Error, Layout, Result, Shape};
 
 /// A tensor's buffer on its device.
 pub enum Storage {
+    /// Host memory, the reference backend.
     Cpu(CpuStorage),
+    /// An NVIDIA GPU buffer (never built without the `cuda` feature).
     Cuda(CudaStorage),
 }
 
@@ -72,6 +74,7 @@ impl Storage {
         }
     }
 
+    /// The device holding the buffer.
     pub fn device(&self) -> Device {
         match self {
             Storage::Cpu(s) => s.device().location(),
@@ -79,6 +82,7 @@ impl Storage {
         }
     }
 
+    /// The element type of the buffer.
     pub fn dtype(&self) -> DType {
         match self {
             Storage::Cpu(s) => s.dtype(),
@@ -273,7 +277,9 @@ fn concat_on<B: BackendStorage + Variant>(
 /// What a quantized linear's forward keeps, in the memory of the backend
 /// that ran it.
 pub enum SavedLinear {
+    /// Kept by the CPU backend.
     Cpu(Box<Saved<CpuStorage>>),
+    /// Kept on the GPU by the CUDA backend.
     Cuda(Box<Saved<CudaStorage>>),
 }
 

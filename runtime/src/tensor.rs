@@ -56,6 +56,8 @@ impl Tensor {
         Tensor::from_cpu(CpuStorage::F32(data), shape.into(), device)
     }
 
+    /// An f32 tensor from row-major values, copied; errors if `data.len()` does
+    /// not match the shape's element count.
     pub fn from_slice(data: &[f32], shape: impl Into<Shape>, device: &Device) -> Result<Tensor> {
         Tensor::from_vec(data.to_vec(), shape, device)
     }
@@ -74,10 +76,12 @@ impl Tensor {
         Tensor::from_cpu(CpuStorage::U8(bytes), shape.into(), device)
     }
 
+    /// A rank-0 f32 tensor holding `value`.
     pub fn scalar(value: f32, device: &Device) -> Result<Tensor> {
         Tensor::from_vec(vec![value], (), device)
     }
 
+    /// A tensor of zeros (any dtype, including U8), not tracked.
     pub fn zeros(shape: impl Into<Shape>, dtype: DType, device: &Device) -> Result<Tensor> {
         let shape = shape.into();
         let storage = Storage::zeros(&shape, dtype, device)?;
@@ -110,46 +114,57 @@ impl Tensor {
         }
     }
 
+    /// A float tensor of ones; errors for U8 (see [`Tensor::full`]).
     pub fn ones(shape: impl Into<Shape>, dtype: DType, device: &Device) -> Result<Tensor> {
         Tensor::full(1.0, shape, dtype, device)
     }
 
+    /// Zeros of this tensor's shape, dtype and device (not tracked).
     pub fn zeros_like(&self) -> Result<Tensor> {
         Tensor::zeros(self.shape().clone(), self.dtype(), &self.device())
     }
 
+    /// Ones of this tensor's shape, dtype and device (not tracked); errors for U8.
     pub fn ones_like(&self) -> Result<Tensor> {
         Tensor::ones(self.shape().clone(), self.dtype(), &self.device())
     }
 
+    /// The tensor's shape (of the view, not of the buffer).
     pub fn shape(&self) -> &Shape {
         self.0.layout.shape()
     }
 
+    /// The tensor's dims, outermost first.
     pub fn dims(&self) -> &[usize] {
         self.0.layout.dims()
     }
 
+    /// Number of dims (0 for a scalar).
     pub fn rank(&self) -> usize {
         self.dims().len()
     }
 
+    /// Number of elements of the view.
     pub fn elem_count(&self) -> usize {
         self.shape().elem_count()
     }
 
+    /// The element type of the buffer.
     pub fn dtype(&self) -> DType {
         self.0.storage.dtype()
     }
 
+    /// The device holding the buffer.
     pub fn device(&self) -> Device {
         self.0.storage.device()
     }
 
+    /// How the view's elements sit in the shared buffer.
     pub fn layout(&self) -> &Layout {
         &self.0.layout
     }
 
+    /// Whether the view is row-major and packed (see [`Layout::is_contiguous`]).
     pub fn is_contiguous(&self) -> bool {
         self.0.layout.is_contiguous()
     }
