@@ -106,12 +106,16 @@ pub struct CpuDevice;
 /// Host memory holding one dtype.
 #[derive(Clone, Debug, PartialEq)]
 pub enum CpuStorage {
+    /// f32 values.
     F32(Vec<f32>),
+    /// bfloat16 values as their raw u16 bits.
     BF16(Vec<u16>),
+    /// Raw bytes: quantized codes, packed FP4 pairs or E8M0 scales.
     U8(Vec<u8>),
 }
 
 impl CpuStorage {
+    /// Number of elements (not bytes).
     pub fn len(&self) -> usize {
         match self {
             CpuStorage::F32(v) => v.len(),
@@ -120,6 +124,7 @@ impl CpuStorage {
         }
     }
 
+    /// Whether the buffer holds no element.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -25,10 +25,15 @@ use crate::{DType, Error, Layout, Result, Shape};
 pub struct Matrix {
     /// Shared between the operands one quantization serves.
     pub values: Arc<Vec<f32>>,
+    /// Rows as stored, row-major (for MX values, the rows of the axis-last
+    /// blocked copy).
     pub rows: usize,
+    /// Columns as stored (for MX values, the reduction length padded to whole
+    /// blocks of 32).
     pub cols: usize,
     /// The GEMM's reduction axis.
     pub along: Along,
+    /// Multiplies the GEMM's result: the FP8 tensorwise `scale_inv`, else 1.0.
     pub scale_inv: f32,
 }
 
@@ -55,17 +60,25 @@ impl Matrix {
 /// A GEMM operand, or the compact copy the backward keeps, in host memory.
 #[derive(Clone, Debug, PartialEq)]
 pub enum CpuOperand {
+    /// Decoded values ready for a GEMM (what [`LinearBackend::quantize`] returns
+    /// for `now`).
     Values(Matrix),
     /// BF16 bits of `[rows, cols]`.
     Bf16 {
+        /// The bf16 bits, row-major.
         bits: Vec<u16>,
+        /// Rows of the matrix.
         rows: usize,
+        /// Columns of the matrix.
         cols: usize,
+        /// The GEMM's reduction axis.
         along: Along,
     },
     /// FP8 codes of `[rows, cols]` with their tensorwise scale.
     Fp8 {
+        /// The codes (shape `[rows, cols]`) and their scale.
         q: Fp8Tensor,
+        /// The GEMM's reduction axis.
         along: Along,
     },
     /// MX blocks along the reduction axis, axis-last (`quant::mx`).

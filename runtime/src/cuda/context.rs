@@ -26,14 +26,19 @@ use super::{driver_err, CudaError, DevBuf, Result};
 /// What the context runs on, for logs and reports.
 #[derive(Clone, Debug)]
 pub struct DeviceInfo {
+    /// The CUDA device ordinal (`cuda:N`).
     pub ordinal: usize,
+    /// The device name from cuDeviceGetName, e.g. "NVIDIA H200".
     pub name: String,
     /// Compute capability (major, minor): (9, 0) on Hopper.
     pub compute_capability: (i32, i32),
+    /// Total device memory in bytes.
     pub total_mem: usize,
+    /// Number of streaming multiprocessors (SMs).
     pub multiprocessors: i32,
     /// cuDriverGetVersion, e.g. 13000.
     pub driver_version: i32,
+    /// NVRTC version (major, minor), e.g. (13, 0).
     pub nvrtc_version: (i32, i32),
     /// cublasLtGetVersion, e.g. 130100.
     pub cublaslt_version: usize,
@@ -181,6 +186,7 @@ impl CudaContext {
         })
     }
 
+    /// What this context runs on (device, driver and library versions).
     pub fn info(&self) -> &DeviceInfo {
         &self.inner.info
     }
@@ -190,6 +196,7 @@ impl CudaContext {
         &self.inner.stream
     }
 
+    /// The buffer pool's counters so far (allocations, reuses, bytes, peak).
     pub fn pool_stats(&self) -> PoolStats {
         self.inner.pool.stats()
     }

@@ -54,13 +54,18 @@ pub const WORKSPACE_BYTES: usize = 32 << 20;
 /// Element type of a GEMM operand or output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GemmDType {
+    /// IEEE f32, 4 bytes.
     F32,
+    /// bfloat16, 2 bytes.
     Bf16,
+    /// OCP FP8 E4M3FN codes, 1 byte.
     Fp8E4M3,
+    /// OCP FP8 E5M2 codes, 1 byte.
     Fp8E5M2,
 }
 
 impl GemmDType {
+    /// Bytes per element.
     pub fn size_in_bytes(self) -> usize {
         match self {
             GemmDType::F32 => 4,
@@ -69,6 +74,7 @@ impl GemmDType {
         }
     }
 
+    /// Whether the type is one of the FP8 codes, which need a scale pointer.
     pub fn is_fp8(self) -> bool {
         matches!(self, GemmDType::Fp8E4M3 | GemmDType::Fp8E5M2)
     }
@@ -96,7 +102,9 @@ impl GemmDType {
 /// [`MatLayout`] of the [`GemmSpec`] (packed `rows x K` for [`CudaContext::gemm_nt`]).
 #[derive(Clone, Copy, Debug)]
 pub struct GemmOperand<'a> {
+    /// The device buffer holding the operand's matrices.
     pub buf: &'a DevBuf,
+    /// The element type of `buf`.
     pub dtype: GemmDType,
     /// FP8 only: device address of the f32 the decoded codes are multiplied
     /// by (the tensor's scale_inv, see [`super::Fp8Device::scale_inv_ptr`]).
@@ -115,6 +123,7 @@ pub struct MatLayout {
     pub ld: usize,
     /// Distance between the matrices of a batch; 0 reuses one matrix.
     pub batch_stride: usize,
+    /// Whether the matrix is stored transposed (a as `[K, M]`, b as `[K, N]`).
     pub transposed: bool,
 }
 
@@ -142,7 +151,10 @@ pub fn fuses_f32_bias(operands: GemmDType, out: GemmDType) -> bool {
 /// every row of y in the epilogue.
 #[derive(Clone, Copy, Debug)]
 pub struct GemmBias<'a> {
+    /// The device buffer holding at least N values.
     pub buf: &'a DevBuf,
+    /// The bias's element type: F32 or BF16 (an f32 bias only where
+    /// [`fuses_f32_bias`]).
     pub dtype: GemmDType,
 }
 
@@ -150,14 +162,21 @@ pub struct GemmBias<'a> {
 /// `y[M, N] = a[M, K] · b[N, K]^T (+ bias)`.
 #[derive(Clone, Copy, Debug)]
 pub struct GemmSpec<'a> {
+    /// Rows of a and y.
     pub m: usize,
+    /// Rows of b, columns of y.
     pub n: usize,
+    /// The reduction length: columns of a and b.
     pub k: usize,
     /// Number of products; 1 is a single GEMM.
     pub batch: usize,
+    /// Where a's `[M, K]` matrices sit in their buffer.
     pub a: MatLayout,
+    /// Where b's `[N, K]` matrices sit in their buffer.
     pub b: MatLayout,
+    /// Where y's `[M, N]` matrices go in the output buffer (never transposed).
     pub y: MatLayout,
+    /// A bias added to every row of y in the epilogue, if any.
     pub bias: Option<GemmBias<'a>>,
 }
 

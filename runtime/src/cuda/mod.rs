@@ -77,12 +77,20 @@ pub enum CudaError {
     Unavailable(String),
     /// A CUDA driver call failed.
     #[error("CUDA driver error in {op}: {err}")]
-    Driver { op: String, err: String },
+    Driver {
+        /// The driver call that failed, e.g. `cuMemAlloc`.
+        op: String,
+        /// The driver's error, as cudarc prints it.
+        err: String,
+    },
     /// NVRTC rejected a kernel source; `log` is the compiler's output.
     #[error("NVRTC failed to compile {source_name} ({options}): {log}")]
     Compile {
+        /// The kernel file, e.g. `quantize_mx.cu`.
         source_name: String,
+        /// The NVRTC options it was compiled with (empty if compilation never started).
         options: String,
+        /// NVRTC's compile log, joined onto one line.
         log: String,
     },
     /// A cuBLASLt call failed or found no algorithm.

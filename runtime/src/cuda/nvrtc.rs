@@ -23,6 +23,7 @@ use super::{CudaError, Result};
 pub struct KernelSource {
     /// File name under `runtime/kernels/`, used in messages and as the cache key.
     pub name: &'static str,
+    /// The source text, embedded at build time.
     pub body: &'static str,
 }
 

@@ -27,7 +27,9 @@ use crate::{DType, Result};
 /// quantization, or the quantized input itself, read in place.
 #[derive(Clone)]
 pub enum Buf<'a> {
+    /// A buffer written by a quantization, shared by the operands it serves.
     Shared(Arc<DevBuf>),
+    /// The quantized input itself, read in place (no copy).
     Input(&'a DevBuf),
 }
 
@@ -46,10 +48,15 @@ impl std::ops::Deref for Buf<'_> {
 /// a GEMM reads it).
 #[derive(Clone)]
 pub struct Bf16Matrix<'a> {
+    /// The BF16 values.
     pub buf: Buf<'a>,
+    /// Rows of the matrix, before padding.
     pub rows: usize,
+    /// Columns of the matrix, before padding.
     pub cols: usize,
+    /// Whether `buf` is zero-padded to `[r16(rows), r16(cols)]`.
     pub padded: bool,
+    /// The GEMM's reduction axis.
     pub along: Along,
 }
 
@@ -58,28 +65,41 @@ pub struct Bf16Matrix<'a> {
 /// `[r16(cols), r16(rows)]` along the rows; `state` holds amax, scale and
 /// scale_inv (shared by both orientations).
 pub struct Fp8Matrix {
+    /// The padded codes, in the orientation `along` asks for.
     pub codes: Arc<DevBuf>,
+    /// amax bits, scale and scale_inv, one 16-byte slot each.
     pub state: Arc<DevBuf>,
+    /// The 8-bit element format of the codes.
     pub elem: ElemFormat,
+    /// Rows of the matrix, before padding.
     pub rows: usize,
+    /// Columns of the matrix, before padding.
     pub cols: usize,
+    /// The GEMM's reduction axis, which decides the orientation of `codes`.
     pub along: Along,
 }
 
 /// A GEMM operand or a kept copy, on the device.
 pub enum CudaOperand<'a> {
+    /// BF16 values, no scale.
     Bf16(Bf16Matrix<'a>),
+    /// Tensorwise FP8 codes with their scale state.
     Fp8(Fp8Matrix),
     /// MX blocks dequantized to BF16, `[rows, padded_len]` (operand rows,
     /// reduction axis padded to 32).
     MxDeq {
+        /// The BF16 dequantized values.
         deq: Arc<DevBuf>,
+        /// Operand rows.
         rows: usize,
+        /// Reduction length, padded to a multiple of 32.
         padded_len: usize,
     },
     /// MX codes and scales along the reduction axis (kept).
     Mx {
+        /// The codes and E8M0 scales, axis-last.
         q: MxDevice,
+        /// The GEMM's reduction axis, the axis the blocks run along.
         along: Along,
     },
 }

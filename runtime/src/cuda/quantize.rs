@@ -53,10 +53,13 @@ enum Phase {
 /// An MX-quantized matrix on the device, in the CPU's axis-last layout
 /// ([`crate::quant::MxTensor`] with `shape = [rows, len]`, `axis = 1`).
 pub struct MxDevice {
+    /// Rows of the axis-last view.
     pub rows: usize,
+    /// Length of the quantization axis, before padding.
     pub len: usize,
     /// `len` rounded up to a multiple of 32.
     pub padded_len: usize,
+    /// The settings it was quantized with.
     pub config: MxConfig,
     /// `[rows, padded_len]` codes, or `[rows, padded_len / 2]` packed E2M1 bytes.
     pub codes: DevBuf,
@@ -65,6 +68,7 @@ pub struct MxDevice {
 }
 
 impl MxDevice {
+    /// Number of 32-element blocks (and of scale bytes).
     pub fn nblocks(&self) -> usize {
         self.rows * self.padded_len / BLOCK
     }
@@ -88,8 +92,11 @@ pub enum DequantLayout {
 
 /// A tensor quantized to FP8 with one dynamic scale, on the device.
 pub struct Fp8Device {
+    /// Number of elements (and of codes).
     pub numel: usize,
+    /// The 8-bit element format of the codes.
     pub elem: ElemFormat,
+    /// One code per element, in the input's order.
     pub codes: DevBuf,
     /// amax bits, scale and scale_inv, one 16-byte slot each.
     pub state: DevBuf,
@@ -142,10 +149,13 @@ pub struct Fp8Outputs {
 /// codes zero-padded and in one or both orientations (the operands of a
 /// linear's GEMMs: x for fprop and x^T for wgrad, and so on).
 pub struct Fp8Device2d {
+    /// Rows of the input matrix, before padding.
     pub rows: usize,
+    /// Columns of the input matrix, before padding.
     pub cols: usize,
     /// `[rows_pad, cols_pad]`: rows and cols rounded up to the padding asked for.
     pub padded: [usize; 2],
+    /// The 8-bit element format of the codes.
     pub elem: ElemFormat,
     /// `[rows_pad, cols_pad]` codes, if asked for; padding is the zero code.
     pub codes: Option<DevBuf>,

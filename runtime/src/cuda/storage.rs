@@ -180,10 +180,12 @@ impl CudaDevice {
         }
     }
 
+    /// The GPU's CUDA ordinal.
     pub fn ordinal(&self) -> usize {
         self.ordinal
     }
 
+    /// The process-wide context of this GPU (stream, pool, kernels, cuBLASLt).
     pub fn context(&self) -> &CudaContext {
         &self.ctx
     }
@@ -229,10 +231,12 @@ pub(crate) fn by_dtype(
 }
 
 impl CudaStorage {
+    /// Number of elements (not bytes).
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the buffer holds no element.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

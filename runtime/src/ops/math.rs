@@ -65,18 +65,22 @@ impl Tensor {
         ))
     }
 
+    /// -x (as `affine(-1, 0)`).
     pub fn neg(&self) -> Result<Tensor> {
         self.affine(-1.0, 0.0)
     }
 
+    /// x + c (as `affine(1, c)`).
     pub fn add_scalar(&self, c: f32) -> Result<Tensor> {
         self.affine(1.0, c)
     }
 
+    /// x - c (as `affine(1, -c)`).
     pub fn sub_scalar(&self, c: f32) -> Result<Tensor> {
         self.affine(1.0, -c)
     }
 
+    /// x * c (as `affine(c, 0)`).
     pub fn mul_scalar(&self, c: f32) -> Result<Tensor> {
         self.affine(c, 0.0)
     }
@@ -124,14 +128,17 @@ impl Tensor {
         self.binary(rhs, BinaryOp::Add)
     }
 
+    /// Element-wise difference with NumPy broadcasting.
     pub fn sub(&self, rhs: &Tensor) -> Result<Tensor> {
         self.binary(rhs, BinaryOp::Sub)
     }
 
+    /// Element-wise product with NumPy broadcasting.
     pub fn mul(&self, rhs: &Tensor) -> Result<Tensor> {
         self.binary(rhs, BinaryOp::Mul)
     }
 
+    /// Element-wise quotient with NumPy broadcasting (IEEE: x / 0 is inf or NaN).
     pub fn div(&self, rhs: &Tensor) -> Result<Tensor> {
         self.binary(rhs, BinaryOp::Div)
     }
@@ -201,6 +208,8 @@ impl Tensor {
         self.reduce(axes, keepdim, ReduceOp::Max)
     }
 
+    /// Mean over `axes` (negative counts from the end): the sum times 1 / count.
+    /// Errors when `axes` is empty or an axis is out of range.
     pub fn mean(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
         let resolved = self.shape().axes(axes)?;
         let n: usize = resolved.iter().map(|&a| self.dims()[a]).product();
@@ -213,10 +222,12 @@ impl Tensor {
         self.reshape([self.elem_count()])?.sum(&[0], false)
     }
 
+    /// Mean of every element, as a rank-0 tensor.
     pub fn mean_all(&self) -> Result<Tensor> {
         self.sum_all()?.mul_scalar(1.0 / self.elem_count() as f32)
     }
 
+    /// Maximum of every element, as a rank-0 tensor; NaN if any element is NaN.
     pub fn max_all(&self) -> Result<Tensor> {
         self.reshape([self.elem_count()])?.max(&[0], false)
     }

@@ -56,8 +56,11 @@ fn count_run(kind: RecipeKind) {
 /// Sizes of one linear: x [m, k], W [n, k], y [m, n].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LinearShape {
+    /// Rows of x and y (tokens).
     pub m: usize,
+    /// Input features: columns of x and W.
     pub k: usize,
+    /// Output features: rows of W, columns of y.
     pub n: usize,
 }
 
@@ -66,7 +69,9 @@ pub struct LinearShape {
 pub struct LinearCtx<'a> {
     /// Plan path of the layer, e.g. `double_blocks.3.img_qkv`.
     pub layer: &'a str,
+    /// The training iteration: names errors and is the SR key's step.
     pub iteration: u64,
+    /// The run's seed, keying stochastic rounding.
     pub seed: u64,
     /// Distinct per linear: the SR tensor ids of its two gradient operands
     /// are `2 * layer_id` (dgrad) and `2 * layer_id + 1` (wgrad).
@@ -93,8 +98,11 @@ impl LinearCtx<'_> {
 /// One call of a linear: its recipe, its sizes and where it runs.
 #[derive(Clone, Copy, Debug)]
 pub struct LinearCall<'a> {
+    /// The recipe whose [`LinearSpec`] decides each GEMM's operand formats.
     pub recipe: &'a Recipe,
+    /// The sizes; [`forward`] and [`backward`] check the buffers against them.
     pub shape: LinearShape,
+    /// The layer, iteration and seed of this call.
     pub ctx: LinearCtx<'a>,
 }
 
@@ -109,6 +117,7 @@ impl LinearCall<'_> {
 /// What the forward keeps for the backward, and nothing else (SPEC 4a):
 /// x as wgrad reads it and W as dgrad reads it, in the backend's memory.
 pub struct Saved<B: LinearBackend> {
+    /// x `[M, K]` as wgrad reads it (along M).
     pub x: B::Operand<'static>,
     /// `None` when dgrad is a BF16 GEMM, which reads the master weight.
     pub w: Option<B::Operand<'static>>,
@@ -161,8 +170,11 @@ impl<B: LinearBackend> std::fmt::Debug for Saved<B> {
 /// `[n, k]` and db `[n]` in f32.
 #[derive(Debug)]
 pub struct Grads<B> {
+    /// dx `[m, k]`, in x's dtype.
     pub dx: B,
+    /// dW `[n, k]`, f32.
     pub dw: B,
+    /// db `[n]`, f32; `None` when the forward had no bias.
     pub db: Option<B>,
 }
 

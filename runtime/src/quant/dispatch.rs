@@ -14,13 +14,16 @@ use crate::{Error, Result};
 /// A quantization format as the command line names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QuantFormat {
+    /// MX blocks of 32 E2M1 elements (`mxfp4`).
     Mxfp4,
+    /// MX blocks of 32 E4M3FN elements (`mxfp8`).
     Mxfp8,
     /// Tensorwise FP8 with the given 8-bit element.
     Fp8(ElemFormat),
 }
 
 impl QuantFormat {
+    /// Every valid format, in the order error messages list them.
     pub const ALL: [QuantFormat; 6] = [
         QuantFormat::Mxfp4,
         QuantFormat::Mxfp8,
@@ -30,6 +33,8 @@ impl QuantFormat {
         QuantFormat::Fp8(ElemFormat::E5M2FNUZ),
     ];
 
+    /// The command-line name: `mxfp4`, `mxfp8` or `fp8-<elem>` (e.g. `fp8-e4m3`),
+    /// which [`FromStr`] parses back.
     pub const fn name(self) -> &'static str {
         match self {
             QuantFormat::Mxfp4 => RecipeKind::Mxfp4.name(),
@@ -84,17 +89,22 @@ impl FromStr for QuantFormat {
 /// Options of one quantization; the MX-only ones are errors for FP8.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QuantOptions {
+    /// Block-scale rule for MX formats; `None` keeps the recipe's default.
     pub scale_mode: Option<ScaleMode>,
     /// Quantization axis for MX formats; negative counts from the end.
     pub axis: Option<isize>,
+    /// MX only: one scale per 32x32 tile of a 2-D tensor instead of per 1x32 block.
     pub tile2d: bool,
+    /// MX only: rotate each group of 16 along the axis by (1/4) H16 first.
     pub hadamard: bool,
 }
 
 /// The result of [`quantize`].
 #[derive(Clone, Debug, PartialEq)]
 pub enum Quantized {
+    /// An MX format's blocks and scales.
     Mx(MxTensor),
+    /// A tensorwise FP8 format's codes and scale.
     Fp8(Fp8Tensor),
 }
 

@@ -16,8 +16,11 @@ const CHUNK: usize = 1 << 16;
 /// A tensor quantized to FP8 with one scale.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Fp8Tensor {
+    /// Shape of the input tensor; `codes` is row-major in it.
     pub shape: Vec<usize>,
+    /// The 8-bit element format of the codes.
     pub elem: ElemFormat,
+    /// One code per element, row-major.
     pub codes: Vec<u8>,
     /// Multiplies the input before encoding.
     pub scale: f32,

@@ -31,6 +31,7 @@ const BLOCKS_PER_TASK: usize = 2048;
 pub struct MxConfig {
     /// E2M1 (MXFP4) or E4M3FN (MXFP8).
     pub elem: ElemFormat,
+    /// The rule choosing each block's E8M0 scale from its amax (SPEC section 2).
     pub scale_mode: ScaleMode,
     /// One scale per 32x32 tile of a 2-D tensor instead of per 1x32 block.
     pub tile2d: bool,
@@ -86,6 +87,7 @@ pub struct MxTensor {
     pub shape: Vec<usize>,
     /// The quantization axis (non-negative).
     pub axis: usize,
+    /// The settings it was quantized with.
     pub config: MxConfig,
     /// Number of rows of the axis-last view (product of the other axes).
     pub rows: usize,

@@ -35,8 +35,11 @@ pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
 /// [seed lo, seed hi])`; `step` and `tensor_id` are taken modulo 2^32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SrKey {
+    /// The run's seed: the Philox key.
     pub seed: u64,
+    /// The training iteration (counter word 2, modulo 2^32).
     pub step: u64,
+    /// Which tensor of the step (counter word 3, modulo 2^32).
     pub tensor_id: u64,
 }
 
