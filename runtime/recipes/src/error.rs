@@ -20,7 +20,9 @@ pub enum At {
 /// A recipe that cannot be built.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecipeError {
+    /// The part of the written recipe at fault, for the caret or position.
     pub at: At,
+    /// One line saying what is wrong and what to write instead.
     pub message: String,
 }
 
@@ -51,7 +53,9 @@ impl std::error::Error for RecipeError {}
 /// into a position in the RON text.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScheduleError {
+    /// Key path of the value at fault, e.g. `phases[1].options.fprop`.
     pub path: String,
+    /// One line saying which rule is broken and how to fix it.
     pub message: String,
 }
 

@@ -13,6 +13,8 @@
 //! - [`ScheduleConfig`] and [`check_phases`]: the schedule file and the rules
 //!   every schedule obeys.
 
+#![deny(missing_docs)]
+
 mod error;
 mod recipe;
 mod schedule;

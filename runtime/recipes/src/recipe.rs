@@ -15,6 +15,7 @@ use crate::table::{Opt, RecipeKind};
 /// ([`Recipe::spec`], SPEC section 4a).
 #[derive(Clone, Copy, Debug)]
 pub struct Recipe {
+    /// The table row the recipe starts from (its name).
     pub kind: RecipeKind,
     /// MX recipes: how block scales are chosen.
     pub scale: ScaleMode,
@@ -221,6 +222,7 @@ impl Recipe {
         self.override_of(g).unwrap_or(self.kind)
     }
 
+    /// The per-GEMM override written for `g` (`fprop = ...` etc.), if any.
     pub const fn override_of(&self, g: Gemm) -> Option<RecipeKind> {
         match g {
             Gemm::Fprop => self.fprop,

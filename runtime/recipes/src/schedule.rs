@@ -29,6 +29,7 @@ pub enum Order {
     /// The deepest layer first (the default).
     #[default]
     DeepToShallow,
+    /// The shallowest layer first.
     ShallowToDeep,
 }
 
@@ -36,6 +37,8 @@ impl Order {
     /// Every order; the first is the default.
     pub const ALL: [Order; 2] = [Order::DeepToShallow, Order::ShallowToDeep];
 
+    /// The name schedule files and the attribute use: `deep_to_shallow` or
+    /// `shallow_to_deep`.
     pub const fn name(self) -> &'static str {
         match self {
             Order::DeepToShallow => "deep_to_shallow",
@@ -43,6 +46,8 @@ impl Order {
         }
     }
 
+    /// Look an order up by [`Order::name`]; an unknown name is an error that
+    /// suggests the closest name or lists both.
     pub fn from_name(name: &str) -> Result<Order, RecipeError> {
         lookup(name)
     }
@@ -59,7 +64,9 @@ impl fmt::Display for Order {
 /// One phase: from iteration `start` on, `recipe` is the target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Phase {
+    /// First iteration of the phase.
     pub start: u64,
+    /// The recipe the layers convert to from `start` on.
     pub recipe: Recipe,
 }
 
@@ -77,7 +84,9 @@ pub enum PhaseAt {
 /// A broken phase rule.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PhaseError {
+    /// Where in the list the rule is broken.
     pub at: PhaseAt,
+    /// One line saying which rule is broken and how to fix it.
     pub message: String,
 }
 
@@ -132,6 +141,8 @@ pub fn check_phases(phases: &[Phase]) -> Vec<PhaseError> {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScheduleConfig {
+    /// The phases in the order written; [`ScheduleConfig::check`] applies the
+    /// phase rules.
     pub phases: Vec<PhaseConfig>,
     /// Plan layers converted per iteration after a switch; 0 converts all at once.
     #[serde(default)]
@@ -145,8 +156,11 @@ pub struct ScheduleConfig {
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PhaseConfig {
+    /// First iteration of the phase.
     pub start: u64,
+    /// The recipe's SPEC name, e.g. `"mxfp4"`.
     pub recipe: String,
+    /// Option values written for the recipe; empty when `options` is left out.
     #[serde(default)]
     pub options: RecipeOptions,
 }
@@ -156,15 +170,23 @@ pub struct PhaseConfig {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RecipeOptions {
+    /// `scale`: an MX scale-mode name (`floor`, `ceil`, `even`, `rceil`).
     pub scale: Option<String>,
+    /// `sr`: stochastic rounding of the gradient operands (MX recipes).
     pub sr: Option<bool>,
+    /// `hadamard`: Hadamard-16 on both wgrad operands (MX recipes).
     pub hadamard: Option<bool>,
+    /// `tile2d`: block x block weight tiles (MX recipes).
     pub tile2d: Option<bool>,
+    /// `pow2`: power-of-two tensorwise scales (FP8 recipes).
     pub pow2: Option<bool>,
+    /// `fprop`: the recipe name whose row the forward GEMM uses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fprop: Option<String>,
+    /// `dgrad`: the recipe name whose row the input-gradient GEMM uses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dgrad: Option<String>,
+    /// `wgrad`: the recipe name whose row the weight-gradient GEMM uses.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wgrad: Option<String>,
 }
@@ -219,8 +241,11 @@ impl PhaseConfig {
 /// and the macro's generated code are built from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckedSchedule {
+    /// The phases, resolved; they pass [`check_phases`].
     pub phases: Vec<Phase>,
+    /// Plan layers converted per iteration after a switch; 0 converts all at once.
     pub layers_per_iter: u64,
+    /// The ramp order (the default when the file gave none).
     pub order: Order,
 }
 

@@ -25,6 +25,7 @@ pub enum Elem {
 }
 
 impl Elem {
+    /// Bits of one element: 16, 8, or 4 for E2M1.
     pub const fn bits(self) -> u32 {
         match self {
             Elem::Bf16 => 16,
@@ -33,6 +34,7 @@ impl Elem {
         }
     }
 
+    /// The SPEC name, as recipes and errors spell it (e.g. `e4m3fn`).
     pub const fn name(self) -> &'static str {
         match self {
             Elem::Bf16 => "bf16",
@@ -69,6 +71,7 @@ pub enum ScaleMode {
 }
 
 impl ScaleMode {
+    /// Every mode, in the order error messages list them.
     pub const ALL: [ScaleMode; 4] = [
         ScaleMode::Floor,
         ScaleMode::Ceil,
@@ -76,6 +79,7 @@ impl ScaleMode {
         ScaleMode::Rceil,
     ];
 
+    /// The SPEC name, as the `scale` option takes it.
     pub const fn name(self) -> &'static str {
         match self {
             ScaleMode::Floor => "floor",
@@ -115,13 +119,19 @@ pub enum Scaling {
     None,
     /// One f32 scale for the tensor (SPEC section 3); `pow2` rounds it down
     /// to a power of two.
-    Tensorwise { pow2: bool },
+    Tensorwise {
+        /// Round the scale down to a power of two.
+        pow2: bool,
+    },
     /// One E8M0 scale per `block` consecutive elements along the GEMM's
     /// reduction axis (SPEC section 2); with `tile`, a weight shares one
     /// scale per `block` x `block` tile, stored replicated per 1 x `block`.
     Mx {
+        /// Elements per block along the reduction axis ([`MX_BLOCK`] in every row).
         block: u32,
+        /// How each block's scale is chosen from its amax.
         mode: ScaleMode,
+        /// Share one scale per `block` x `block` tile (weights only).
         tile: bool,
     },
 }
@@ -140,7 +150,9 @@ impl Scaling {
 /// How one GEMM operand is quantized, along that GEMM's reduction axis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct OperandSpec {
+    /// The element format of the codes (`Bf16` when not quantized).
     pub elem: Elem,
+    /// How the scales are laid out.
     pub scaling: Scaling,
     /// Hadamard-16 rotation before the amax (SPEC section 2); set on both
     /// operands of a GEMM or on neither, so that it cancels.
@@ -183,12 +195,16 @@ pub enum Gemm {
 /// The tensors a linear's GEMMs read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Operand {
+    /// The activation x `[M, K]`.
     X,
+    /// The weight W `[N, K]`.
     W,
+    /// The output gradient dy `[M, N]`.
     Dy,
 }
 
 impl Gemm {
+    /// The three GEMMs in the order fprop, dgrad, wgrad.
     pub const ALL: [Gemm; 3] = [Gemm::Fprop, Gemm::Dgrad, Gemm::Wgrad];
 
     /// The option key that overrides this GEMM's recipe (SPEC section 4a).
@@ -221,7 +237,9 @@ impl fmt::Display for Gemm {
 /// (a = dy, b = x) along M.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GemmSpec {
+    /// The left operand (x in fprop, dy in dgrad and wgrad).
     pub a: OperandSpec,
+    /// The right operand (W in fprop and dgrad, x in wgrad).
     pub b: OperandSpec,
 }
 
@@ -236,8 +254,11 @@ impl GemmSpec {
 /// equal when these are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LinearSpec {
+    /// The forward GEMM y = x W^T.
     pub fprop: GemmSpec,
+    /// The input-gradient GEMM dx = dy W.
     pub dgrad: GemmSpec,
+    /// The weight-gradient GEMM dW = dy^T x.
     pub wgrad: GemmSpec,
 }
 
@@ -262,6 +283,7 @@ impl SavedSpec {
 }
 
 impl LinearSpec {
+    /// The spec of GEMM `g`.
     pub const fn gemm(&self, g: Gemm) -> &GemmSpec {
         match g {
             Gemm::Fprop => &self.fprop,
@@ -270,6 +292,7 @@ impl LinearSpec {
         }
     }
 
+    /// The spec of GEMM `g`, to change (e.g. to apply an override).
     pub fn gemm_mut(&mut self, g: Gemm) -> &mut GemmSpec {
         match g {
             Gemm::Fprop => &mut self.fprop,

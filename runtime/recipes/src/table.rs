@@ -12,10 +12,15 @@ use crate::spec::{Elem, GemmSpec, LinearSpec, OperandSpec, ScaleMode, Scaling, M
 /// The named recipes; each is one row of [`TABLE`], in this order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RecipeKind {
+    /// `bf16`: BF16 operands everywhere.
     Bf16,
+    /// `fp8`: tensorwise FP8, E4M3 forward operands, E5M2 gradients.
     Fp8,
+    /// `fp8_fnuz`: as `fp8` with the gfx942 FNUZ formats.
     Fp8Fnuz,
+    /// `mxfp4`: MX E2M1 blocks, EVEN scales, weight tiles, Hadamard on wgrad.
     Mxfp4,
+    /// `mxfp8`: MX E4M3 blocks, RCEIL scales.
     Mxfp8,
 }
 
@@ -45,6 +50,7 @@ pub enum Opt {
 /// What an option's value is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Takes {
+    /// `true` or `false`.
     Bool,
     /// One of [`ScaleMode::ALL`], by name.
     Scale,
@@ -68,6 +74,7 @@ impl Opt {
     /// The per-GEMM keys, which every recipe takes (SPEC section 4a).
     pub const GEMMS: [Opt; 3] = [Opt::Fprop, Opt::Dgrad, Opt::Wgrad];
 
+    /// The key as it is written (`scale`, `sr`, ...).
     pub const fn name(self) -> &'static str {
         match self {
             Opt::Scale => "scale",
@@ -81,6 +88,7 @@ impl Opt {
         }
     }
 
+    /// What kind of value the key takes.
     pub const fn takes(self) -> Takes {
         match self {
             Opt::Scale => Takes::Scale,
@@ -114,6 +122,7 @@ impl fmt::Display for Opt {
 /// One row of the table.
 #[derive(Debug)]
 pub struct Row {
+    /// The recipe this row defines; rows are in `RecipeKind` order.
     pub kind: RecipeKind,
     /// The SPEC name, as the attribute, RON files and the command line spell it.
     pub name: &'static str,
@@ -242,6 +251,7 @@ impl RecipeKind {
         &TABLE[self as usize]
     }
 
+    /// The SPEC name (`bf16`, `fp8`, `fp8_fnuz`, `mxfp4`, `mxfp8`).
     pub const fn name(self) -> &'static str {
         self.row().name
     }
