@@ -16,9 +16,14 @@ use serde_json::{Map, Value};
 /// One tensor of a safetensors file: little-endian element bytes, as stored.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StTensor<'a> {
+    /// The tensor's key in the header (any UTF-8 string).
     pub name: String,
+    /// Element type, as the header's `dtype` names it (`F32`, `BF16`, ...).
     pub dtype: Dtype,
+    /// Dimensions, outermost first; `[]` for a scalar.
     pub shape: Vec<usize>,
+    /// The element bytes, exactly `shape`'s element count times the dtype's
+    /// size (checked by [`parse`]), borrowed from the file's bytes.
     pub data: &'a [u8],
 }
 

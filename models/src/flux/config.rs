@@ -35,8 +35,12 @@ pub struct FluxConfig {
     pub vec_in_dim: usize,
     /// Width of a text token (T5: 4096).
     pub context_in_dim: usize,
+    /// Width H of every token inside the blocks.
     pub hidden_size: usize,
+    /// MLP width over `hidden_size` (4.0 upstream); the product, truncated,
+    /// is [`FluxConfig::mlp_hidden`].
     pub mlp_ratio: f32,
+    /// Attention heads; must divide `hidden_size` into an even head dimension.
     pub num_heads: usize,
     /// Double-stream blocks.
     pub depth: usize,
@@ -44,7 +48,9 @@ pub struct FluxConfig {
     pub depth_single_blocks: usize,
     /// RoPE dimensions per position axis; they sum to the head dimension.
     pub axes_dim: Vec<usize>,
+    /// RoPE base frequency (10000 upstream).
     pub theta: f32,
+    /// Whether the qkv linears have a bias.
     pub qkv_bias: bool,
     /// Flux.1-dev's guidance embedder.
     pub guidance_embed: bool,
@@ -54,10 +60,15 @@ pub struct FluxConfig {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct DataConfig {
+    /// Latent channels C (16 for Flux.1); `model.in_channels` must be 4 C.
     pub latent_channels: usize,
+    /// Latent height in latent pixels; even, for the 2x2 patches.
     pub latent_height: usize,
+    /// Latent width in latent pixels; even, for the 2x2 patches.
     pub latent_width: usize,
+    /// Text tokens per sample (Lt).
     pub txt_tokens: usize,
+    /// Samples per training step (B).
     pub batch: usize,
 }
 
@@ -65,7 +76,9 @@ pub struct DataConfig {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
+    /// Optimizer steps of the run (at least 1).
     pub iters: u64,
+    /// AdamW's constant learning rate (finite, > 0).
     pub lr: f32,
     /// `f32` or `bf16`.
     #[serde(default = "default_activations")]
@@ -80,9 +93,14 @@ fn default_activations() -> String {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RunConfig {
+    /// The architecture.
     pub model: FluxConfig,
+    /// The synthetic data's shape.
     pub data: DataConfig,
+    /// Steps, learning rate and activation dtype.
     pub train: TrainConfig,
+    /// The precision schedule (SPEC section 5); it may name only the recipes
+    /// of Flux's `#[precision]` attribute.
     pub schedule: ScheduleConfig,
     /// Where the config came from (a preset name or file path), for messages;
     /// empty for one built another way.
@@ -323,10 +341,13 @@ impl RunConfig {
 }
 
 impl FluxConfig {
+    /// Head dimension D = `hidden_size / num_heads` (integer division; a
+    /// loaded config has it exact and even).
     pub fn head_dim(&self) -> usize {
         self.hidden_size / self.num_heads
     }
 
+    /// MLP width: `hidden_size * mlp_ratio` in f32, truncated to an integer.
     pub fn mlp_hidden(&self) -> usize {
         (self.hidden_size as f32 * self.mlp_ratio) as usize
     }

@@ -65,6 +65,9 @@ pub struct SyntheticData {
 }
 
 impl SyntheticData {
+    /// The generator of `data`-shaped batches for `model` (its text and
+    /// vector widths); the class patterns, texts and vectors are drawn from
+    /// `seed` here, once.
     pub fn new(model: &FluxConfig, data: &DataConfig, seed: u64) -> Self {
         let mut rng = SplitMix64::new(seed ^ 0xDA7A);
         let (c, h, w) = (data.latent_channels, data.latent_height, data.latent_width);

@@ -58,7 +58,9 @@ const BLOCK_ROUNDING: u64 = 64 << 20;
 /// Bytes by what holds them; see the module doc for what each counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemoryEstimate {
+    /// Every parameter in f32: 4 bytes each.
     pub parameters: u64,
+    /// One f32 gradient per parameter: as many bytes as `parameters`.
     pub gradients: u64,
     /// AdamW's first and second moments.
     pub adamw: u64,
