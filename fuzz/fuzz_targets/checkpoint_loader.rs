@@ -1,5 +1,6 @@
-//! `parse_checkpoint` and `Checkpoint::restore` into one allocated micro
-//! model, reused across inputs (allocating it per input would dominate).
+//! `parse_checkpoint`, `RunRecord::from_checkpoint` and
+//! `Checkpoint::restore` into one allocated micro model, reused across
+//! inputs (allocating it per input would dominate).
 #![no_main]
 
 use std::sync::Mutex;

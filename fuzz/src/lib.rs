@@ -14,7 +14,7 @@ use mxswitch::runtime::module::{allocate, try_count_params};
 use mxswitch::runtime::optim::{AdamW, AdamWConfig};
 use mxswitch::runtime::plan::check_schedule;
 use mxswitch::st_file;
-use mxswitch::train::{parse_checkpoint, schedule_of, RunFlags};
+use mxswitch::train::{parse_checkpoint, schedule_of, RunFlags, RunRecord};
 
 /// How far one input got.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -110,9 +110,9 @@ fn check_recorded(cfg: &RunConfig) {
     }
 }
 
-/// The checkpoint loader: parse, check the recorded run as `--resume` does
-/// (a run it accepts must have a valid config, since the model is built
-/// from it), and restore into an allocated micro model with a fresh
+/// The checkpoint loader: parse, read and check the recorded run as
+/// `--resume` does (a run it accepts must have a valid config, since the
+/// model is built from it), and restore into an allocated micro model with a fresh
 /// optimizer.
 pub struct CheckpointTarget {
     model: Flux,
@@ -130,9 +130,11 @@ impl CheckpointTarget {
         let Ok(ckpt) = parse_checkpoint(data) else {
             return Stage::Rejected;
         };
+        let Ok(run) = RunRecord::from_checkpoint(&ckpt) else {
+            return Stage::Rejected;
+        };
         // What `--resume --iters <one more>` checks before it builds the
         // model from the recorded config: by then the config must be valid.
-        let run = &ckpt.run;
         let flags = RunFlags {
             iters: Some(ckpt.iteration.saturating_add(1)),
             ..RunFlags::default()

@@ -1,35 +1,73 @@
-//! Training Flux through a precision switch: the job behind `mxswitch train`.
+//! Training: a generic loop for any `#[precision]` model ([`fit`]), and the
+//! Flux job behind `mxswitch train` built on it ([`train`]).
 //!
-//! Rectified flow on seeded synthetic data, AdamW with clipping, the
-//! schedule applied at every step, warm-up before step 0, a progress bar,
-//! `metrics.jsonl`, a loss-curve PNG and a safetensors checkpoint that
-//! `--resume` continues from bit-identically.
+//! # The generic loop
+//!
+//! [`fit`] trains a root `#[precision(...)]` model that implements
+//! [`Parameters`](mxswitch_runtime::module::Parameters), with an
+//! [`AdamW`](mxswitch_runtime::optim::AdamW) the caller built, for the
+//! iterations `0..iters` of [`FitOptions`]. The caller writes only the
+//! forward: a closure that gets the model and a [`Step`] (the iteration, and
+//! whether the call is one of warm-up's) and returns the scalar f32 loss.
+//! The loop does the rest, in this order:
+//!
+//! 1. it checks the output folder: a previous run there is refused unless
+//!    this one resumes from that folder's checkpoint or `overwrite` is set;
+//! 2. it restores a [`Resume`] checkpoint into the model and optimizer, and
+//!    warns about phases that start after the run's end;
+//! 3. warm-up runs one step under every recipe of the schedule and puts
+//!    everything back, proving that each recipe's kernels run;
+//! 4. every iteration it applies the schedule (printing a line at each
+//!    switch), calls the closure, checks the loss is finite (an
+//!    [`Error::Training`] naming the iteration otherwise), runs backward,
+//!    clips to `clip_norm` if set and takes the optimizer step, then writes
+//!    a [`StepMetrics`] row to `metrics.jsonl` and advances the progress
+//!    bar;
+//! 5. at the end, or after Ctrl-C (see [`crate::files::interrupt`]) stopped
+//!    it after a step, it draws `loss.png` and writes
+//!    `checkpoint.safetensors`, which stores the caller's JSON
+//!    [`FitOptions::run`] beside the weights and AdamW state.
+//!
+//! For example, to train a small MLP `Mlp` whose attribute switches from
+//! MXFP4 to FP8 at iteration 30: build it, `allocate` it, make an `AdamW`,
+//! and call `fit(&mut model, &mut opt, FitOptions::new(60, "runs/mlp"),
+//! |m, step| mse_loss(&m.forward(&x_of(step.iteration))?, &y_of(step.iteration)))`.
+//! The summary lists the metrics rows (recipe `mxfp4` before 30, `fp8`
+//! after) and the switch lines. To continue later, read the checkpoint with
+//! [`Resume::read`], put it in [`FitOptions::resume`] and raise `iters`:
+//! the continuation is bit-identical to an uninterrupted run, as long as
+//! the closure's batches depend only on the iteration. [`Fit::prepare`] and
+//! [`Fit::run`] split the call in two, so that a caller can check the
+//! folder before it allocates a large model.
+//!
+//! # Flux
+//!
+//! [`train`] is rectified flow on seeded synthetic data, AdamW with
+//! clipping, through [`fit`]: it reconciles the [`RunRecord`] a checkpoint
+//! holds with the flags of a resumed run, checks the device and the memory,
+//! and builds each step's batch one step ahead on a helper thread for a
+//! GPU.
 
 mod checkpoint;
+mod fit;
 mod memory;
 mod plot;
 mod record;
 mod run_dir;
 
 use std::path::PathBuf;
-use std::time::Instant;
-
-use indicatif::{ProgressBar, ProgressStyle};
-use serde::{Deserialize, Serialize};
 
 use mxswitch_models::flux::{Batch, Flux, FluxInput, RunConfig, SyntheticData};
-use mxswitch_runtime::module::{allocate, optimizer_step, try_visit_params};
+use mxswitch_runtime::module::{allocate, try_visit_params};
 use mxswitch_runtime::ops::mse_loss;
-use mxswitch_runtime::optim::{clip_grad_norm, AdamW, AdamWConfig};
-use mxswitch_runtime::schedule::{Phase, Schedule, SwitchReport};
+use mxswitch_runtime::optim::{AdamW, AdamWConfig};
+use mxswitch_runtime::schedule::{Phase, Schedule};
 use mxswitch_runtime::schedule_config::ToSchedule;
-use mxswitch_runtime::warmup::warmup;
 use mxswitch_runtime::{DType, Device, Error, Result, Tensor};
 
-use crate::files::interrupt;
 pub use checkpoint::{parse_checkpoint, read_checkpoint, save_checkpoint, Checkpoint};
+pub use fit::{fit, Fit, FitOptions, FitSummary, Hints, Resume, Step, StepMetrics};
 pub use record::{RunFlags, RunRecord};
-use run_dir::RunDir;
 
 /// Gradient clipping threshold (SPEC section 8).
 const CLIP_NORM: f32 = 1.0;
@@ -45,10 +83,13 @@ pub struct TrainOptions {
     pub iters: Option<u64>,
     /// Moves the first switch of the schedule.
     pub switch_at: Option<u64>,
+    /// Where to train.
     pub device: Device,
+    /// The output folder.
     pub out: PathBuf,
     /// Seed of the weights, the data and stochastic rounding [default 0].
     pub seed: Option<u64>,
+    /// Continue the run this checkpoint records.
     pub resume: Option<PathBuf>,
     /// Replace a previous run in `out`.
     pub overwrite: bool,
@@ -56,37 +97,8 @@ pub struct TrainOptions {
     pub progress: bool,
 }
 
-/// One line of `metrics.jsonl`: exactly these keys.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct StepMetrics {
-    pub iter: u64,
-    pub loss: f32,
-    pub recipe: String,
-    pub layers_converted: usize,
-    pub linears_converted: usize,
-    pub step_time_ms: f64,
-    pub saved_bytes_per_element: f64,
-    /// Peak bytes of the device's tensors so far; null on the CPU.
-    pub device_peak_bytes: Option<u64>,
-}
-
-/// What a run produced.
-#[derive(Clone, Debug)]
-pub struct TrainSummary {
-    /// The steps this run trained (not the earlier part of a resumed run).
-    pub metrics: Vec<StepMetrics>,
-    /// Every switch line printed, in order.
-    pub switches: Vec<String>,
-    /// Warnings printed before training (phases that never start).
-    pub warnings: Vec<String>,
-    pub checkpoint: PathBuf,
-    pub plot: PathBuf,
-    pub metrics_file: PathBuf,
-    /// Set when a signal stopped the run: the next iteration to run, which
-    /// the checkpoint resumes from.
-    pub interrupted_at: Option<u64>,
-}
+/// What a Flux run produced: the generic loop's summary.
+pub type TrainSummary = FitSummary;
 
 /// The AdamW settings of SPEC section 8 at the config's learning rate.
 fn adamw_config(cfg: &RunConfig) -> AdamWConfig {
@@ -141,15 +153,9 @@ fn params_to_device(model: &mut Flux, device: &Device) -> Result<()> {
     })
 }
 
-/// One optimizer step on the host `batch` of iteration `iter`: returns
-/// (loss, saved bytes per element).
-fn train_step(
-    model: &mut Flux,
-    opt: &mut AdamW,
-    batch: Batch,
-    device: &Device,
-    iter: u64,
-) -> Result<(f32, f64)> {
+/// The loss of one Flux step on the host `batch`: rectified flow's MSE in
+/// f32, on `device`.
+fn flux_loss(model: &mut Flux, batch: Batch, device: &Device) -> Result<Tensor> {
     let batch = batch.to_device(device)?;
     // Guidance-distilled configs (Flux.1-dev) get a constant strength of 1.
     let guidance = vec![1.0; batch.timesteps.len()];
@@ -161,19 +167,7 @@ fn train_step(
         guidance: model.guidance_in.is_some().then_some(&guidance[..]),
         patches_hw: batch.patches_hw,
     })?;
-    let loss = mse_loss(&pred.to_dtype(DType::F32)?, &batch.target)?;
-    let saved = loss.saved_bytes();
-    let loss_value = loss.to_scalar_f32()?;
-    if !loss_value.is_finite() {
-        return Err(Error::Training(format!(
-            "loss is {loss_value} at iteration {iter}: training diverged; lower train.lr or resume from an earlier checkpoint"
-        )));
-    }
-    let mut grads = loss.backward()?;
-    drop(loss);
-    clip_grad_norm(&mut grads, CLIP_NORM)?;
-    optimizer_step(model, opt, &grads)?;
-    Ok((loss_value, saved.per_element()))
+    mse_loss(&pred.to_dtype(DType::F32)?, &batch.target)
 }
 
 /// Runs `body` with a source of the host batches of `iters`, in order. For a
@@ -227,7 +221,7 @@ pub fn train(opts: &TrainOptions) -> Result<TrainSummary> {
 
 /// The run `opts` asks for, the checkpoint it resumes from, and the first
 /// iteration to train.
-fn resolve_run(opts: &TrainOptions) -> Result<(RunRecord, Option<Checkpoint>, u64)> {
+fn resolve_run(opts: &TrainOptions) -> Result<(RunRecord, Option<Resume>)> {
     let flags = RunFlags {
         config: opts.config.as_ref(),
         iters: opts.iters,
@@ -236,35 +230,19 @@ fn resolve_run(opts: &TrainOptions) -> Result<(RunRecord, Option<Checkpoint>, u6
     };
     let Some(path) = &opts.resume else {
         let adamw = flags.config.map(adamw_config).unwrap_or_default();
-        return Ok((RunRecord::new(&flags, adamw, CLIP_NORM)?, None, 0));
+        return Ok((RunRecord::new(&flags, adamw, CLIP_NORM)?, None));
     };
-    let ckpt = read_checkpoint(path, u64::MAX)?;
-    let adamw = adamw_config(&ckpt.run.config);
-    let run = ckpt.run.resumed(ckpt.iteration, &flags, adamw, CLIP_NORM)?;
-    let start = ckpt.iteration;
-    Ok((run, Some(ckpt), start))
-}
-
-/// Warning lines for phases that cannot start within `0..iters`.
-fn late_phases(schedule: &Schedule, iters: u64) -> Vec<String> {
-    schedule
-        .phases()
-        .iter()
-        .filter(|p| p.start >= iters)
-        .map(|p| {
-            format!(
-                "warning: the {} phase starts at iteration {}, but the run ends after iteration {}: it will not run (raise --iters or move the switch)",
-                p.recipe,
-                p.start,
-                iters - 1
-            )
-        })
-        .collect()
+    let resume = Resume::read(path)?;
+    let recorded =
+        RunRecord::from_checkpoint(&resume.checkpoint).map_err(|e| checkpoint::err(path, e))?;
+    let adamw = adamw_config(&recorded.config);
+    let run = recorded.resumed(resume.iteration(), &flags, adamw, CLIP_NORM)?;
+    Ok((run, Some(resume)))
 }
 
 fn train_in_pool(opts: &TrainOptions) -> Result<TrainSummary> {
     check_device(opts.device)?;
-    let (run, ckpt, start) = resolve_run(opts)?;
+    let (run, resume) = resolve_run(opts)?;
     let cfg = &run.config;
     let iters = run.iters;
     let schedule = run.schedule()?;
@@ -274,9 +252,27 @@ fn train_in_pool(opts: &TrainOptions) -> Result<TrainSummary> {
         DType::F32
     };
     // Refused before the output folder is created.
-    memory::check_memory(cfg, opts.device, opts.resume.is_some())?;
-    let out = RunDir::check(&opts.out, opts.resume.as_deref(), start, opts.overwrite)?;
+    memory::check_memory(cfg, opts.device, resume.is_some())?;
+    let record = serde_json::to_string(&run)
+        .map_err(|e| Error::InvalidOption(format!("the run record: {e}")))?;
+    let fit = Fit::prepare(FitOptions {
+        iters,
+        schedule: Some(schedule.clone()),
+        out: opts.out.clone(),
+        resume,
+        overwrite: opts.overwrite,
+        progress: opts.progress,
+        clip_norm: Some(run.clip_norm),
+        device: opts.device,
+        run: record,
+        hints: Hints {
+            diverged: "lower train.lr or resume from an earlier checkpoint".into(),
+            late_phase: "raise --iters or move the switch".into(),
+        },
+    })?;
+    let start = fit.start();
 
+    // Built once the output folder is known to take the run.
     let mut model = Flux::new(&cfg.model);
     model.plan().check_not_empty("Flux")?;
     mxswitch_runtime::plan::check_schedule::<Flux>(&schedule)?;
@@ -285,113 +281,21 @@ fn train_in_pool(opts: &TrainOptions) -> Result<TrainSummary> {
         params_to_device(&mut model, &opts.device)?;
     }
     let mut opt = AdamW::new(run.adamw)?;
-    if let (Some(ckpt), Some(path)) = (ckpt, &opts.resume) {
-        ckpt.restore(path, &mut model, &mut opt)?;
-    }
-    let warnings = late_phases(&schedule, iters);
-    for w in &warnings {
-        eprintln!("{w}");
-    }
 
     let data = SyntheticData::new(&cfg.model, &cfg.data, run.seed);
     let device = opts.device;
-    let report = warmup(&mut model, &mut opt, &schedule, start, |m, o| {
-        train_step(m, o, data.batch(start, act)?, &device, start).map(|_| ())
-    })?;
-    let mut summary = TrainSummary {
-        metrics: Vec::new(),
-        switches: Vec::new(),
-        warnings,
-        checkpoint: out.path(run_dir::CHECKPOINT),
-        plot: out.path(run_dir::PLOT),
-        metrics_file: out.path(run_dir::METRICS),
-        interrupted_at: None,
-    };
-    if interrupt::requested() {
-        // Nothing trained yet: nothing to write.
-        summary.interrupted_at = Some(start);
-        return Ok(summary);
-    }
-    let bar = progress_bar(opts.progress, start, iters);
-    say(&bar, &report.to_string());
-
-    let mut metrics_out = out.open_metrics()?;
-    let mut next = start;
-    let trained = with_batches(&data, act, device, start..iters, |next_batch| {
-        for iter in start..iters {
-            let sw: SwitchReport = model.apply_with(&schedule, iter)?;
-            if sw.changed > 0 || iter == start {
-                let line = sw.to_string();
-                say(&bar, &line);
-                summary.switches.push(line);
-            }
-            let t0 = Instant::now();
-            let (loss, per_element) =
-                train_step(&mut model, &mut opt, next_batch()?, &device, iter)?;
-            let step_time_ms = t0.elapsed().as_secs_f64() * 1e3;
-            if iter == start {
-                mxswitch_runtime::profile::reset();
-            }
-            let m = StepMetrics {
-                iter,
-                loss,
-                recipe: sw.recipe.to_string(),
-                layers_converted: sw.layers_converted,
-                linears_converted: sw.linears_converted,
-                step_time_ms,
-                saved_bytes_per_element: per_element,
-                device_peak_bytes: opts.device.peak_memory_bytes(),
+    with_batches(&data, act, device, start..iters, |next_batch| {
+        fit.run(&mut model, &mut opt, |m, step| {
+            // Warm-up steps on the first iteration's batch, built apart
+            // from the queue of the run's batches.
+            let batch = if step.warmup {
+                data.batch(step.iteration, act)?
+            } else {
+                next_batch()?
             };
-            metrics_out.write(&m)?;
-            bar.set_message(format!("loss {loss:.4}  {}", m.recipe));
-            bar.inc(1);
-            summary.metrics.push(m);
-            next = iter + 1;
-            if interrupt::requested() && next < iters {
-                summary.interrupted_at = Some(next);
-                break;
-            }
-        }
-        Ok(())
-    });
-    bar.abandon();
-    let all: Vec<StepMetrics> = out
-        .earlier
-        .iter()
-        .chain(&summary.metrics)
-        .cloned()
-        .collect();
-    let switch_iters: Vec<u64> = schedule.phases().iter().skip(1).map(|p| p.start).collect();
-    // A failed step still leaves the plot of the steps before it.
-    let plotted = plot::loss_curve(&summary.plot, &all, &switch_iters);
-    trained?;
-    plotted?;
-    save_checkpoint(&summary.checkpoint, &mut model, &opt, next, &run)?;
-    Ok(summary)
-}
-
-/// Print a line above the progress bar, or plainly when the bar is hidden
-/// (not a terminal, or progress off).
-fn say(bar: &ProgressBar, line: &str) {
-    if bar.is_hidden() {
-        println!("{line}");
-    } else {
-        bar.println(line);
-    }
-}
-
-fn progress_bar(show: bool, start: u64, iters: u64) -> ProgressBar {
-    if !show {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(iters);
-    bar.set_position(start);
-    if let Ok(style) =
-        ProgressStyle::with_template("{bar:40} {pos}/{len} [{elapsed_precise} < {eta}] {msg}")
-    {
-        bar.set_style(style);
-    }
-    bar
+            flux_loss(m, batch, &device)
+        })
+    })
 }
 
 #[cfg(test)]

@@ -6,6 +6,9 @@
 //! settings. Resuming takes all of them from the checkpoint; a flag may
 //! repeat a recorded value but never contradict it, and only `--iters` may
 //! grow the run.
+//!
+//! The generic checkpoint stores the record as opaque JSON;
+//! [`RunRecord::from_checkpoint`] reads it back and checks it.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -15,6 +18,7 @@ use mxswitch_runtime::optim::AdamWConfig;
 use mxswitch_runtime::schedule::Schedule;
 use mxswitch_runtime::{Error, Result};
 
+use super::checkpoint::Checkpoint;
 use super::schedule_of;
 
 /// One run, exactly as its checkpoint stores it (metadata key `run`, JSON).
@@ -29,16 +33,22 @@ pub struct RunRecord {
     pub seed: u64,
     /// The run trains iterations `0..iters`.
     pub iters: u64,
+    /// The optimizer settings it was trained with.
     pub adamw: AdamWConfig,
+    /// The gradient clipping threshold it was trained with.
     pub clip_norm: f32,
 }
 
 /// The flags of `mxswitch train` that decide what the run is.
 #[derive(Clone, Debug, Default)]
 pub struct RunFlags<'a> {
+    /// `--config`.
     pub config: Option<&'a RunConfig>,
+    /// `--iters`.
     pub iters: Option<u64>,
+    /// `--switch-at`.
     pub switch_at: Option<u64>,
+    /// `--seed`.
     pub seed: Option<u64>,
 }
 
@@ -46,6 +56,27 @@ impl RunRecord {
     /// The schedule the run trains through.
     pub fn schedule(&self) -> Result<Schedule> {
         schedule_of(&self.config, self.switch_at)
+    }
+
+    /// The run a checkpoint records (metadata `run`), checked as a config
+    /// file is: a valid config and schedule, and the checkpoint's iteration
+    /// within the run. The error is the reason, without the file name.
+    pub fn from_checkpoint(ckpt: &Checkpoint) -> std::result::Result<RunRecord, String> {
+        let mut run: RunRecord = serde_json::from_str(&ckpt.run)
+            .map_err(|e| format!("metadata `run` is not a valid run record: {e}"))?;
+        // The recorded config passes the checks a config file passes.
+        run.config.origin = "the checkpoint's run config".into();
+        run.config
+            .validate()
+            .and_then(|()| run.schedule().map(drop))
+            .map_err(|e| format!("metadata `run`: {e}"))?;
+        if ckpt.iteration > run.iters {
+            return Err(format!(
+                "metadata `iteration` {} is past the run's {} iterations",
+                ckpt.iteration, run.iters
+            ));
+        }
+        Ok(run)
     }
 
     /// A new run from its flags.

@@ -1,0 +1,307 @@
+//! The generic training loop on a `#[precision]` model of this test's own:
+//! metrics through the switch, a bit-identical resume, a diverged loss and
+//! a refused output folder.
+
+use std::path::Path;
+
+use mxswitch::precision;
+use mxswitch::runtime::linear::QuantLinear;
+use mxswitch::runtime::module::{allocate, named_params, Dense, SplitMix64};
+use mxswitch::runtime::ops::mse_loss;
+use mxswitch::runtime::optim::{AdamW, AdamWConfig};
+use mxswitch::runtime::{Device, Error, Result, Tensor};
+use mxswitch::train::{
+    fit, read_checkpoint, FitOptions, FitSummary, Resume, Step, StepMetrics,
+};
+
+const IN: usize = 16;
+const WIDTH: usize = 64;
+const OUT: usize = 8;
+const BATCH: usize = 32;
+/// The attribute's switch.
+const SWITCH: u64 = 3;
+
+/// One residual block: x + fc2(gelu(fc1(norm(x)))).
+#[precision(layer)]
+struct Block {
+    #[quantize]
+    fc1: QuantLinear,
+    #[quantize]
+    fc2: QuantLinear,
+}
+
+/// Two blocks; MXFP4 until iteration 3, then FP8.
+#[precision(mxfp4, switch_to = fp8, at = 3)]
+struct Net {
+    input: Dense,
+    #[layers]
+    blocks: Vec<Block>,
+    output: Dense,
+}
+
+impl Net {
+    /// An allocated model.
+    fn new() -> Net {
+        let mut net = Net {
+            input: Dense::new(IN, WIDTH, true),
+            blocks: (0..2)
+                .map(|_| Block {
+                    fc1: QuantLinear::new(WIDTH, 2 * WIDTH, true),
+                    fc2: QuantLinear::new(2 * WIDTH, WIDTH, true),
+                })
+                .collect(),
+            output: Dense::new(WIDTH, OUT, true),
+        };
+        allocate(&mut net, 0).unwrap();
+        net
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mut h = self.input.forward(x)?;
+        for b in &self.blocks {
+            h = h.add(
+                &b.fc2
+                    .forward(&b.fc1.forward(&h.layer_norm(1e-6)?)?.gelu_tanh()?)?,
+            )?;
+        }
+        self.output.forward(&h)
+    }
+}
+
+fn adamw() -> AdamW {
+    AdamW::new(AdamWConfig {
+        lr: 3e-3,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+    })
+    .unwrap()
+}
+
+/// The loss of iteration `iter`: a seeded batch of (x, sin(sum of x)).
+fn loss(net: &mut Net, iter: u64) -> Result<Tensor> {
+    let mut rng = SplitMix64::new(1000 + iter);
+    let x: Vec<f32> = (0..BATCH * IN).map(|_| rng.normal()).collect();
+    let y: Vec<f32> = x
+        .chunks(IN)
+        .flat_map(|row| {
+            let s: f32 = row.iter().sum();
+            (0..OUT).map(move |j| (s * (j + 1) as f32 * 0.1).sin())
+        })
+        .collect();
+    let x = Tensor::from_vec(x, [BATCH, IN], &Device::Cpu)?;
+    let y = Tensor::from_vec(y, [BATCH, OUT], &Device::Cpu)?;
+    mse_loss(&net.forward(&x)?, &y)
+}
+
+fn options(iters: u64, out: &Path) -> FitOptions {
+    FitOptions {
+        clip_norm: Some(1.0),
+        run: r#"{"test":"fit"}"#.into(),
+        ..FitOptions::new(iters, out)
+    }
+}
+
+/// Train a fresh model as `opts` says; returns the summary and the model.
+fn train(opts: FitOptions) -> Result<(FitSummary, Net)> {
+    let mut net = Net::new();
+    let mut opt = adamw();
+    let summary = fit(&mut net, &mut opt, opts, |m, s| loss(m, s.iteration))?;
+    Ok((summary, net))
+}
+
+/// Metrics without the wall-clock field.
+fn timeless(m: &[StepMetrics]) -> Vec<StepMetrics> {
+    m.iter()
+        .map(|s| StepMetrics {
+            step_time_ms: 0.0,
+            ..s.clone()
+        })
+        .collect()
+}
+
+/// Every parameter's value bits, by path.
+fn bits(net: &mut Net) -> Vec<(String, Vec<u32>)> {
+    named_params(net)
+        .unwrap()
+        .into_iter()
+        .map(|(path, t)| {
+            let v = t.to_vec_f32().unwrap();
+            (path, v.iter().map(|x| x.to_bits()).collect())
+        })
+        .collect()
+}
+
+#[test]
+fn fit_trains_through_the_switch() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let mut net = Net::new();
+    let mut opt = adamw();
+    let mut calls: Vec<Step> = Vec::new();
+    let summary = fit(&mut net, &mut opt, options(6, &out), |m, s| {
+        calls.push(s);
+        loss(m, s.iteration)
+    })
+    .unwrap();
+
+    // Warm-up: one call per recipe on the first iteration, then 0..6 in order.
+    let warm = |iteration, warmup| Step { iteration, warmup };
+    let mut want = vec![warm(0, true), warm(0, true)];
+    want.extend((0..6).map(|i| warm(i, false)));
+    assert_eq!(calls, want);
+
+    let m = &summary.metrics;
+    assert_eq!(m.iter().map(|s| s.iter).collect::<Vec<_>>(), (0..6).collect::<Vec<_>>());
+    for s in m {
+        let recipe = if s.iter < SWITCH { "mxfp4" } else { "fp8" };
+        assert_eq!(
+            (s.recipe.as_str(), s.layers_converted, s.linears_converted),
+            (recipe, 2, 4),
+            "iteration {}",
+            s.iter
+        );
+        assert!(s.loss.is_finite() && s.loss > 0.0, "{s:?}");
+        assert!(s.saved_bytes_per_element > 0.0, "{s:?}");
+        assert_eq!(s.device_peak_bytes, None);
+    }
+    assert_eq!(
+        summary.switches,
+        [
+            "2/2 layers (4/4 linears) now mxfp4 at iteration 0",
+            "2/2 layers (4/4 linears) now fp8 at iteration 3"
+        ]
+    );
+    assert!(summary.warnings.is_empty(), "{:?}", summary.warnings);
+    assert_eq!(summary.interrupted_at, None);
+
+    // The files: the rows as returned, the plot, and the checkpoint with the
+    // caller's run record and the next iteration.
+    assert_eq!(summary.metrics_file, out.join("metrics.jsonl"));
+    let rows: Vec<StepMetrics> = std::fs::read_to_string(&summary.metrics_file)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // (The wall clock aside: a float does not always read back bit for bit.)
+    assert_eq!(timeless(&rows), timeless(m));
+    assert_eq!(&std::fs::read(&summary.plot).unwrap()[1..4], b"PNG");
+    let ckpt = read_checkpoint(&summary.checkpoint, u64::MAX).unwrap();
+    assert_eq!((ckpt.iteration, ckpt.run.as_str()), (6, r#"{"test":"fit"}"#));
+}
+
+/// A run stopped at 4 (past the switch) and resumed to 6 ends where an
+/// uninterrupted run ends, bit for bit: losses and parameters.
+#[test]
+fn a_resumed_fit_continues_bit_identically() {
+    let dir = tempfile::tempdir().unwrap();
+    let (full, mut full_net) = train(options(6, &dir.path().join("full"))).unwrap();
+
+    let part_dir = dir.path().join("part");
+    let (part, _) = train(options(4, &part_dir)).unwrap();
+    assert_eq!(timeless(&part.metrics), timeless(&full.metrics[..4]));
+
+    // Resumed in its own folder: the earlier rows are kept.
+    let resume = Resume::read(&part.checkpoint).unwrap();
+    assert_eq!(resume.iteration(), 4);
+    let (rest, mut rest_net) = train(FitOptions {
+        resume: Some(resume),
+        ..options(6, &part_dir)
+    })
+    .unwrap();
+    assert_eq!(rest.metrics.first().map(|s| s.iter), Some(4));
+    assert_eq!(rest.metrics[0].recipe, "fp8");
+    assert_eq!(timeless(&rest.metrics), timeless(&full.metrics[4..]));
+    assert_eq!(rest.switches, ["2/2 layers (4/4 linears) now fp8 at iteration 4"]);
+    assert_eq!(bits(&mut rest_net), bits(&mut full_net));
+    let rows = std::fs::read_to_string(&rest.metrics_file).unwrap();
+    assert_eq!(rows.lines().count(), 6);
+
+    // Nothing is left to train at the checkpoint's own iteration.
+    let e = train(FitOptions {
+        resume: Some(Resume::read(&rest.checkpoint).unwrap()),
+        ..options(6, &part_dir)
+    })
+    .err()
+    .unwrap();
+    assert!(
+        matches!(&e, Error::InvalidOption(m) if m.contains("iteration 6")),
+        "{e}"
+    );
+}
+
+/// A loss that is not finite stops the run with an error naming the
+/// iteration; the rows before it and the plot are written, no checkpoint.
+#[test]
+fn a_non_finite_loss_is_a_training_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let mut net = Net::new();
+    let mut opt = adamw();
+    let e = fit(&mut net, &mut opt, options(6, &out), |m, s| {
+        let l = loss(m, s.iteration)?;
+        if s.iteration == 2 && !s.warmup {
+            l.mul_scalar(f32::NAN)
+        } else {
+            Ok(l)
+        }
+    })
+    .err()
+    .unwrap();
+    assert!(
+        matches!(&e, Error::Training(m) if m.contains("loss is NaN at iteration 2")),
+        "{e}"
+    );
+    let rows = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    assert_eq!(rows.lines().count(), 2);
+    assert!(out.join("loss.png").exists());
+    assert!(!out.join("checkpoint.safetensors").exists());
+
+    // During warm-up too, before any row is written.
+    let out = dir.path().join("warm");
+    let e = fit(&mut Net::new(), &mut adamw(), options(6, &out), |m, s| {
+        loss(m, s.iteration)?.mul_scalar(f32::INFINITY)
+    })
+    .err()
+    .unwrap();
+    assert!(
+        matches!(&e, Error::Training(m) if m.contains("at iteration 0")),
+        "{e}"
+    );
+    assert!(!out.join("metrics.jsonl").exists());
+}
+
+/// A folder that holds a previous run is refused before any step, unless
+/// `overwrite` is set.
+#[test]
+fn a_previous_run_is_refused_without_overwrite() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    train(options(1, &out)).unwrap();
+    let before = std::fs::read(out.join("checkpoint.safetensors")).unwrap();
+    let mut calls = 0;
+    let e = fit(&mut Net::new(), &mut adamw(), options(2, &out), |m, s| {
+        calls += 1;
+        loss(m, s.iteration)
+    })
+    .err()
+    .unwrap();
+    assert!(
+        matches!(&e, Error::Io(m) if m.contains("holds a previous run")),
+        "{e}"
+    );
+    assert_eq!(calls, 0);
+    assert_eq!(
+        std::fs::read(out.join("checkpoint.safetensors")).unwrap(),
+        before
+    );
+    let (again, _) = train(FitOptions {
+        overwrite: true,
+        ..options(2, &out)
+    })
+    .unwrap();
+    assert_eq!(again.metrics.len(), 2);
+    let ckpt = read_checkpoint(&again.checkpoint, u64::MAX).unwrap();
+    assert_eq!(ckpt.iteration, 2);
+}
