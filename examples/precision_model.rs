@@ -9,9 +9,7 @@
 
 use mxswitch::precision;
 use mxswitch::runtime::linear::QuantLinear;
-use mxswitch::runtime::module::{
-    allocate, join, optimizer_step, Dense, ParamSlot, Parameters, SplitMix64,
-};
+use mxswitch::runtime::module::{allocate, optimizer_step, Dense, SplitMix64};
 use mxswitch::runtime::ops::mse_loss;
 use mxswitch::runtime::optim::{clip_grad_norm, AdamW, AdamWConfig};
 use mxswitch::runtime::warmup::warmup;
@@ -63,21 +61,6 @@ impl Mlp {
             )?;
         }
         self.output.forward(&h)
-    }
-}
-
-impl Parameters for Block {
-    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
-        self.fc1.visit_params(&join(prefix, "fc1"), f);
-        self.fc2.visit_params(&join(prefix, "fc2"), f);
-    }
-}
-
-impl Parameters for Mlp {
-    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
-        self.input.visit_params(&join(prefix, "input"), f);
-        self.blocks.visit_params(&join(prefix, "blocks"), f);
-        self.output.visit_params(&join(prefix, "output"), f);
     }
 }
 

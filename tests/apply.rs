@@ -7,6 +7,7 @@ use std::ptr;
 
 use mxswitch::precision;
 use mxswitch::runtime::linear::QuantLinear;
+use mxswitch::runtime::module::{ParamSlot, Parameters};
 use mxswitch::runtime::plan::{PlanCx, PlanLinear, Planned, PrecisionModel};
 use mxswitch::runtime::recipe::{Recipe, RecipeKind};
 use mxswitch::runtime::schedule::{Order, Phase, Schedule};
@@ -59,12 +60,20 @@ struct FromConfig {
 struct Pinned(Recipe);
 
 impl PlanLinear for Pinned {
-    fn recipe(&self) -> Recipe {
-        self.0
+    fn recipe(&self) -> Option<Recipe> {
+        Some(self.0)
     }
     fn set_recipe(&mut self, recipe: Recipe) {
         self.0 = recipe;
     }
+    fn runs(&self) -> u64 {
+        0
+    }
+}
+
+/// It holds no parameters.
+impl Parameters for Pinned {
+    fn visit_params(&mut self, _: &str, _: &mut dyn FnMut(ParamSlot<'_>)) {}
 }
 
 #[precision(layer)]
@@ -82,7 +91,14 @@ struct Generic<L: PlanLinear> {
 /// Every linear's recipe, in plan order.
 fn recipes<M: Planned>(model: &M) -> Vec<Recipe> {
     let mut out = Vec::new();
-    PlanCx::root(|cx| model.visit_linears(cx, &mut |_, lin| out.push(lin.recipe())));
+    PlanCx::root(|cx| {
+        model.visit_linears(cx, &mut |site, lin| {
+            out.push(
+                lin.recipe()
+                    .unwrap_or_else(|| panic!("{site} has no recipe")),
+            )
+        })
+    });
     out
 }
 
@@ -198,7 +214,11 @@ fn the_switch_and_its_cut_short_ramp() {
         report.to_string(),
         "2/5 layers (6/12 linears) now bf16 at iteration 23"
     );
-    let kinds: Vec<RecipeKind> = model.blocks.iter().map(|b| b.qkv.recipe().kind).collect();
+    let kinds: Vec<RecipeKind> = model
+        .blocks
+        .iter()
+        .map(|b| b.qkv.recipe().expect("placed").kind)
+        .collect();
     use RecipeKind::{Bf16, Fp8};
     assert_eq!(kinds, [Fp8, Fp8, Fp8, Bf16, Bf16]);
 }

@@ -3,6 +3,7 @@
 //! on a tiny model whose linears hold nothing but their recipe.
 
 use mxswitch::precision;
+use mxswitch::runtime::module::{ParamSlot, Parameters};
 use mxswitch::runtime::plan::{Plan, PlanLinear, PrecisionModel};
 use mxswitch::runtime::quant::ScaleMode;
 use mxswitch::runtime::recipe::{Recipe, RecipeKind};
@@ -22,12 +23,20 @@ impl FakeLinear {
 }
 
 impl PlanLinear for FakeLinear {
-    fn recipe(&self) -> Recipe {
-        self.recipe
+    fn recipe(&self) -> Option<Recipe> {
+        Some(self.recipe)
     }
     fn set_recipe(&mut self, recipe: Recipe) {
         self.recipe = recipe;
     }
+    fn runs(&self) -> u64 {
+        0
+    }
+}
+
+/// It holds no parameters.
+impl Parameters for FakeLinear {
+    fn visit_params(&mut self, _: &str, _: &mut dyn FnMut(ParamSlot<'_>)) {}
 }
 
 #[precision(layer)]
@@ -38,6 +47,7 @@ struct Block {
     proj: FakeLinear,
     /// Unmarked: stays in high precision and is not visited.
     #[allow(dead_code)]
+    #[skip]
     norm_scale: f32,
 }
 
@@ -66,6 +76,7 @@ macro_rules! model {
             final_layer: FakeLinear,
             /// Unmarked: stays in high precision and is not visited.
             #[allow(dead_code)]
+            #[skip]
             guidance: f32,
         }
 

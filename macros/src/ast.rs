@@ -75,19 +75,51 @@ pub struct Input<'a> {
     pub fields: Vec<Field<'a>>,
 }
 
-/// A named field and its mark, if any.
+/// A named field, its type and its mark, if any.
 pub struct Field<'a> {
     pub ident: &'a Ident,
+    pub ty: &'a Type,
     pub mark: Option<Mark<'a>>,
 }
 
 pub enum Mark<'a> {
     /// `#[quantize]`: a quantized linear (its type implements `PlanLinear`).
     Quantize,
+    /// `#[high_precision]`: a quantized linear kept in BF16 on purpose,
+    /// outside the plan.
+    HighPrecision,
     /// `#[layers]`: a `Vec<T>` or `[T; N]`, each element one plan layer.
     Layers { elem: &'a Type },
+    /// `#[layer]`: one nested layer struct, one plan layer.
+    Layer,
+    /// `#[skip]`: holds no parameters (a count, a config).
+    Skip,
     /// A mark whose error is already recorded; it generates nothing.
     Invalid,
+}
+
+impl Field<'_> {
+    /// Whether the field puts linears in the plan.
+    pub fn plans(&self) -> bool {
+        matches!(
+            self.mark,
+            Some(Mark::Quantize | Mark::Layers { .. } | Mark::Layer)
+        )
+    }
+
+    /// The layer struct type of a `#[layers]` or `#[layer]` field.
+    pub fn layer_type(&self) -> Option<&Type> {
+        match &self.mark {
+            Some(Mark::Layers { elem }) => Some(elem),
+            Some(Mark::Layer) => Some(self.ty),
+            _ => None,
+        }
+    }
+
+    /// Whether the parameter walk visits the field.
+    pub fn has_params(&self) -> bool {
+        !matches!(self.mark, Some(Mark::Skip | Mark::Invalid))
+    }
 }
 
 impl<'a> Input<'a> {
@@ -132,6 +164,7 @@ impl<'a> Input<'a> {
                 .filter_map(|f| {
                     Some(Field {
                         ident: f.ident.as_ref()?,
+                        ty: &f.ty,
                         mark: attr::field_mark(f, cx),
                     })
                 })
@@ -167,14 +200,8 @@ impl Input<'_> {
             .any(|f| matches!(f.mark, Some(Mark::Quantize)))
     }
 
-    /// The element types of the `#[layers]` fields.
+    /// The layer struct types of the `#[layers]` and `#[layer]` fields.
     pub fn layer_elems(&self) -> Vec<&Type> {
-        self.fields
-            .iter()
-            .filter_map(|f| match &f.mark {
-                Some(Mark::Layers { elem }) => Some(*elem),
-                _ => None,
-            })
-            .collect()
+        self.fields.iter().filter_map(Field::layer_type).collect()
     }
 }

@@ -1,5 +1,5 @@
-//! Parsing of `#[precision(...)]` arguments and of the `#[quantize]` /
-//! `#[layers]` field marks into the plain structs of `ast.rs`.
+//! Parsing of `#[precision(...)]` arguments and of the field marks
+//! (`#[quantize]`, `#[layers]`, ...) into the plain structs of `ast.rs`.
 //!
 //! Keys are custom keywords peeked with `lookahead1`, so a stray token gets
 //! "expected one of ...". A duplicate or unknown key is recorded and parsing
@@ -203,20 +203,29 @@ fn parse_phases(input: ParseStream) -> syn::Result<Vec<PhaseSpec>> {
     Ok(phases.into_iter().collect())
 }
 
-/// The mark of one field: `#[quantize]`, `#[layers]` or none.
+/// The mark of one field: `#[quantize]`, `#[high_precision]`, `#[layers]`,
+/// `#[layer]`, `#[skip]` or none.
 pub fn field_mark<'a>(field: &'a syn::Field, cx: &Ctxt) -> Option<Mark<'a>> {
     let mut mark = None;
     for attr in &field.attrs {
-        let this = if attr.path().is_ident(symbol::QUANTIZE) {
+        let path = attr.path();
+        let this = if path.is_ident(symbol::QUANTIZE) {
             Mark::Quantize
-        } else if attr.path().is_ident(symbol::LAYERS) {
+        } else if path.is_ident(symbol::HIGH_PRECISION) {
+            Mark::HighPrecision
+        } else if path.is_ident(symbol::LAYER_MARK) {
+            Mark::Layer
+        } else if path.is_ident(symbol::SKIP) {
+            Mark::Skip
+        } else if path.is_ident(symbol::LAYERS) {
             match layer_elem(&field.ty) {
                 Some(elem) => Mark::Layers { elem },
                 None => {
                     cx.error_spanned_by(
                         &field.ty,
                         "#[layers] goes on a `Vec<T>` or an array `[T; N]` of layer structs \
-                         (each marked #[precision(layer)]); each element is one plan layer",
+                         (each marked #[precision(layer)]); each element is one plan layer; \
+                         a single layer struct takes #[layer]",
                     );
                     Mark::Invalid
                 }
@@ -233,8 +242,10 @@ pub fn field_mark<'a>(field: &'a syn::Field, cx: &Ctxt) -> Option<Mark<'a>> {
         if mark.is_some() {
             cx.error_spanned_by(
                 attr,
-                "a field takes one mark, once: #[quantize] for a quantized linear or \
-                 #[layers] for a Vec or array of layer structs",
+                "a field takes one mark, once: #[quantize] for a quantized linear, \
+                 #[high_precision] for one kept in BF16, #[layers] for a Vec or array of \
+                 layer structs, #[layer] for one layer struct, #[skip] for a field without \
+                 parameters",
             );
         } else {
             mark = Some(this);
@@ -266,13 +277,42 @@ fn layer_elem(ty: &Type) -> Option<&Type> {
     }
 }
 
-/// Remove the inert `#[quantize]` and `#[layers]` marks from the struct's fields.
+/// Find a second `#[precision]` on the item (the first expansion sees the
+/// rest of the item's attributes): record the error and remove it, so it
+/// does not expand into errors of its own. Returns whether one was found.
+pub fn take_repeated_precision(item: &mut syn::Item, cx: &Ctxt) -> bool {
+    let attrs = match item {
+        syn::Item::Struct(s) => &mut s.attrs,
+        syn::Item::Enum(e) => &mut e.attrs,
+        syn::Item::Union(u) => &mut u.attrs,
+        _ => return false,
+    };
+    let is_precision = |a: &syn::Attribute| {
+        a.path()
+            .segments
+            .last()
+            .is_some_and(|s| s.ident == symbol::PRECISION)
+    };
+    let mut found = false;
+    for a in attrs.iter().filter(|a| is_precision(a)) {
+        found = true;
+        cx.error_spanned_by(
+            a,
+            "#[precision] is written twice on this struct: one attribute holds the whole \
+             schedule; keep one",
+        );
+    }
+    attrs.retain(|a| !is_precision(a));
+    found
+}
+
+/// Remove the inert field marks from the struct's fields.
 pub fn strip_field_marks(item: &mut syn::Item) {
     if let syn::Item::Struct(s) = item {
         for field in s.fields.iter_mut() {
-            field.attrs.retain(|a| {
-                !(a.path().is_ident(symbol::QUANTIZE) || a.path().is_ident(symbol::LAYERS))
-            });
+            field
+                .attrs
+                .retain(|a| !symbol::MARKS.iter().any(|m| a.path().is_ident(m)));
         }
     }
 }

@@ -26,7 +26,11 @@ pub fn precision(args: TokenStream, item: TokenStream) -> TokenStream {
     };
     let cx = Ctxt::default();
     let attr = attr::parse_precision(args, &cx);
-    let generated = check_and_generate(&parsed, attr.as_ref(), &cx);
+    let generated = if attr::take_repeated_precision(&mut parsed, &cx) {
+        None
+    } else {
+        check_and_generate(&parsed, attr.as_ref(), &cx)
+    };
     attr::strip_field_marks(&mut parsed);
     match cx.check() {
         Ok(()) => quote!(#parsed #generated),
@@ -51,13 +55,33 @@ fn check_and_generate(
 
 fn generate(input: &Input, role: &Role) -> TokenStream {
     let p = runtime_path();
-    let planned = impl_planned(input, &p);
+    let planned = impl_planned(input, role, &p);
     let check = plan_check(input, &p);
-    let root = match role {
-        Role::Layer => TokenStream::new(),
-        Role::Root(schedule) => impl_root(input, schedule, &p),
+    let unmarked = unmarked_checks(input, &p);
+    let fields: Vec<(&Ident, &syn::Type)> = input
+        .fields
+        .iter()
+        .filter(|f| f.has_params())
+        .map(|f| (f.ident, f.ty))
+        .collect();
+    let (root, after_allocate) = match role {
+        Role::Layer => (TokenStream::new(), TokenStream::new()),
+        Role::Root(schedule) => (
+            impl_root(input, schedule, &p),
+            quote! {
+                fn after_allocate(&mut self) {
+                    #p::apply_attribute_schedule(self, 0);
+                }
+            },
+        ),
     };
-    quote!(#planned #check #root)
+    // A root's `after_allocate` applies its schedule, so it needs the plan's bounds too.
+    let generics = match role {
+        Role::Layer => input.generics.clone(),
+        Role::Root(_) => with_bounds(input, plan_bounds(input, &p)),
+    };
+    let params = impl_parameters(input.ident, &generics, &fields, after_allocate, &p);
+    quote!(#planned #check #unmarked #params #root)
 }
 
 /// The runtime's `__private` module, through whichever crate the user has:
@@ -82,19 +106,98 @@ fn runtime_path() -> TokenStream {
     }
 }
 
+/// `#[derive(Parameters)]`: the parameter walk of a struct that is not part
+/// of the precision plan (an embedder, a norm), with `#[skip]` fields left out.
+pub fn derive_parameters(item: TokenStream) -> TokenStream {
+    let parsed: syn::DeriveInput = match syn::parse2(item) {
+        Ok(parsed) => parsed,
+        Err(err) => return err.to_compile_error(),
+    };
+    let syn::Data::Struct(syn::DataStruct {
+        fields: syn::Fields::Named(named),
+        ..
+    }) = &parsed.data
+    else {
+        return syn::Error::new_spanned(
+            &parsed.ident,
+            "#[derive(Parameters)] needs a struct with named fields: parameter paths such as \
+             `blocks.3.fc1.weight` are made of field names",
+        )
+        .to_compile_error();
+    };
+    let skip = |f: &&syn::Field| {
+        f.attrs
+            .iter()
+            .any(|a| a.path().is_ident(crate::symbol::SKIP))
+    };
+    let fields: Vec<(&Ident, &syn::Type)> = named
+        .named
+        .iter()
+        .filter(|f| !skip(f))
+        .filter_map(|f| Some((f.ident.as_ref()?, &f.ty)))
+        .collect();
+    impl_parameters(
+        &parsed.ident,
+        &parsed.generics,
+        &fields,
+        TokenStream::new(),
+        &runtime_path(),
+    )
+}
+
 /// Locals of generated code, hygienic so they cannot meet the user's names.
 fn local(name: &str) -> Ident {
     Ident::new(name, Span::mixed_site())
 }
 
-/// `impl Planned`: visit `#[quantize]` fields as sites and each element of a
-/// `#[layers]` field as the next plan layer, in field order.
-fn impl_planned(input: &Input, p: &TokenStream) -> TokenStream {
+/// The struct's generics with `bounds` added to its where clause. Every
+/// generated impl states what its fields must be (`T: PlanLayer` for a
+/// `#[layers] Vec<T>`), so a generic model needs no bound of its own, and a
+/// field of the wrong type is one error at that field, with the trait's
+/// `on_unimplemented` message.
+fn with_bounds(input: &Input, bounds: Vec<TokenStream>) -> syn::Generics {
+    let mut generics = input.generics.clone();
+    let clause = generics.make_where_clause();
+    for bound in bounds {
+        clause
+            .predicates
+            .push(syn::parse2(bound).expect("a generated where predicate parses"));
+    }
+    generics
+}
+
+/// What the plan needs of each marked field's type.
+fn plan_bounds(input: &Input, p: &TokenStream) -> Vec<TokenStream> {
+    input
+        .fields
+        .iter()
+        .filter_map(|f| {
+            let ty = f.ty;
+            match &f.mark {
+                Some(Mark::Quantize | Mark::HighPrecision) => {
+                    Some(quote_spanned!(ty.span()=> #ty: #p::PlanLinear))
+                }
+                Some(Mark::Layers { elem }) => {
+                    Some(quote_spanned!(elem.span()=> #elem: #p::PlanLayer))
+                }
+                Some(Mark::Layer) => Some(quote_spanned!(ty.span()=> #ty: #p::PlanLayer)),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// `impl Planned` (and `PlanLayer` for a layer struct): visit `#[quantize]`
+/// fields as sites and each element of a `#[layers]` field, or the struct
+/// of a `#[layer]` field, as the next plan layer, in field order.
+fn impl_planned(input: &Input, role: &Role, p: &TokenStream) -> TokenStream {
     let ident = input.ident;
-    let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
+    let generics = with_bounds(input, plan_bounds(input, p));
+    let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
     let (cx, f, index, layer) = (local("cx"), local("f"), local("index"), local("layer"));
     let mut visits = Vec::new();
     let mut visits_mut = Vec::new();
+    let mut high = Vec::new();
     for field in &input.fields {
         let name = field.ident;
         let path = name.unraw().to_string();
@@ -104,10 +207,15 @@ fn impl_planned(input: &Input, p: &TokenStream) -> TokenStream {
                 visits.push(quote_spanned!(span=> #f(#cx.site(#path), &self.#name);));
                 visits_mut.push(quote_spanned!(span=> #f(#cx.site(#path), &mut self.#name);));
             }
+            Some(Mark::HighPrecision) => {
+                high.push(quote_spanned!(name.span()=> #f(&mut self.#name);));
+            }
             Some(Mark::Layers { elem }) => {
                 let visit = quote_spanned!(elem.span()=> <#elem as #p::Planned>::visit_linears);
                 let visit_mut =
                     quote_spanned!(elem.span()=> <#elem as #p::Planned>::visit_linears_mut);
+                let visit_high =
+                    quote_spanned!(elem.span()=> <#elem as #p::Planned>::visit_high_precision_mut);
                 visits.push(quote! {
                     for (#index, #layer) in self.#name.iter().enumerate() {
                         #cx.layer(#path, #index, |#cx| #visit(#layer, #cx, #f));
@@ -118,8 +226,27 @@ fn impl_planned(input: &Input, p: &TokenStream) -> TokenStream {
                         #cx.layer(#path, #index, |#cx| #visit_mut(#layer, #cx, #f));
                     }
                 });
+                high.push(quote! {
+                    for #layer in self.#name.iter_mut() {
+                        #visit_high(#layer, #f);
+                    }
+                });
             }
-            Some(Mark::Invalid) | None => {}
+            Some(Mark::Layer) => {
+                let ty = field.ty;
+                let visit = quote_spanned!(ty.span()=> <#ty as #p::Planned>::visit_linears);
+                let visit_mut = quote_spanned!(ty.span()=> <#ty as #p::Planned>::visit_linears_mut);
+                let visit_high =
+                    quote_spanned!(ty.span()=> <#ty as #p::Planned>::visit_high_precision_mut);
+                visits.push(quote! {
+                    #cx.single_layer(#path, |#cx| #visit(&self.#name, #cx, #f));
+                });
+                visits_mut.push(quote! {
+                    #cx.single_layer(#path, |#cx| #visit_mut(&mut self.#name, #cx, #f));
+                });
+                high.push(quote!(#visit_high(&mut self.#name, #f);));
+            }
+            Some(Mark::Skip | Mark::Invalid) | None => {}
         }
     }
     let can_hold = if input.has_quantize() {
@@ -135,6 +262,13 @@ fn impl_planned(input: &Input, p: &TokenStream) -> TokenStream {
     } else {
         let msg = empty_message(input);
         quote!(const { if !<Self as #p::Planned>::CAN_HOLD_LINEARS { ::core::panic!(#msg) } };)
+    };
+    let plan_layer = match role {
+        Role::Layer => quote! {
+            #[automatically_derived]
+            impl #impl_generics #p::PlanLayer for #ident #ty_generics #where_clause {}
+        },
+        Role::Root(_) => TokenStream::new(),
     };
     quote! {
         #[automatically_derived]
@@ -158,8 +292,106 @@ fn impl_planned(input: &Input, p: &TokenStream) -> TokenStream {
                 #generic_check
                 #(#visits_mut)*
             }
+
+            fn visit_high_precision_mut(
+                &mut self,
+                #f: &mut dyn ::core::ops::FnMut(&mut dyn #p::PlanLinear),
+            ) {
+                #(#high)*
+            }
+        }
+
+        #plan_layer
+    }
+}
+
+/// `impl Parameters`: every field but the `#[skip]` ones, under its name,
+/// so parameter paths (checkpoint names) are the plan's paths. `extra` goes
+/// inside the impl (a root's `after_allocate`). Shared with
+/// `#[derive(Parameters)]`.
+pub fn impl_parameters(
+    ident: &Ident,
+    input_generics: &syn::Generics,
+    fields: &[(&Ident, &syn::Type)],
+    extra: TokenStream,
+    p: &TokenStream,
+) -> TokenStream {
+    let mut generics = input_generics.clone();
+    let clause = generics.make_where_clause();
+    for (_, ty) in fields {
+        clause
+            .predicates
+            .push(syn::parse2(quote_spanned!(ty.span()=> #ty: #p::Parameters)).expect("parses"));
+    }
+    let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
+    let (prefix, f) = (local("prefix"), local("f"));
+    let visits = fields.iter().map(|(name, ty)| {
+        let path = name.unraw().to_string();
+        quote_spanned! {ty.span()=>
+            <#ty as #p::Parameters>::visit_params(&mut self.#name, &#p::join(#prefix, #path), #f);
+        }
+    });
+    quote! {
+        #[automatically_derived]
+        impl #impl_generics #p::Parameters for #ident #ty_generics #where_clause {
+            fn visit_params(
+                &mut self,
+                #prefix: &str,
+                #f: &mut dyn ::core::ops::FnMut(#p::ParamSlot<'_>),
+            ) {
+                #(#visits)*
+            }
+
+            #extra
         }
     }
+}
+
+/// Compile-time checks of the fields without a plan mark: a quantized
+/// linear or a layer struct there would never follow the schedule. Only for
+/// a struct without generics (a field type that depends on a parameter
+/// cannot be asked about before it is known; a linear missed that way is
+/// the run-time error of a linear without a recipe).
+fn unmarked_checks(input: &Input, p: &TokenStream) -> TokenStream {
+    if !input.generics.params.is_empty() {
+        return TokenStream::new();
+    }
+    let owner = input.ident;
+    let checks = input
+        .fields
+        .iter()
+        .filter(|f| matches!(f.mark, None | Some(Mark::Skip)))
+        .map(|f| {
+            let (ty, name) = (f.ty, f.ident);
+            let linear = format!(
+                "field `{name}` of `{owner}` is a quantized linear without a mark, so no \
+                 schedule would give it a recipe: mark it #[quantize] to follow the schedule, \
+                 or #[high_precision] to keep it in BF16 on purpose"
+            );
+            let layer = format!(
+                "field `{name}` of `{owner}` holds a #[precision(layer)] struct without a \
+                 mark, so its linears would be outside the plan: mark it #[layer]"
+            );
+            let layers = format!(
+                "field `{name}` of `{owner}` holds #[precision(layer)] structs without a \
+                 mark, so their linears would be outside the plan: mark it #[layers]"
+            );
+            quote_spanned! {name.span()=>
+                const _: () = {
+                    use #p::NotPlanned as _;
+                    if <#p::Probe<#ty>>::PLAN_LINEAR {
+                        ::core::panic!(#linear)
+                    }
+                    if <#p::Probe<#ty>>::PLAN_LAYER {
+                        ::core::panic!(#layer)
+                    }
+                    if <#p::Probe<#ty>>::PLAN_LAYERS {
+                        ::core::panic!(#layers)
+                    }
+                };
+            }
+        });
+    quote!(#(#checks)*)
 }
 
 /// The compile error for a struct whose `#[layers]` element types hold no
@@ -203,7 +435,8 @@ fn plan_check(input: &Input, p: &TokenStream) -> TokenStream {
 /// by `valid.rs`, so nothing is built or validated at run time.
 fn impl_root(input: &Input, schedule: &Schedule, p: &TokenStream) -> TokenStream {
     let ident = input.ident;
-    let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
+    let generics = with_bounds(input, plan_bounds(input, p));
+    let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
     let kinds = recipe_tokens::kinds(schedule, p);
     let phases = schedule.phases.iter().map(|phase| {
         let start = Literal::u64_suffixed(phase.start);
@@ -268,6 +501,11 @@ fn impl_root(input: &Input, schedule: &Schedule, p: &TokenStream) -> TokenStream
                 let plan = #p::Plan::of(self);
                 plan.check_not_empty(#name)?;
                 ::core::result::Result::Ok(plan)
+            }
+
+            /// Which recipe every quantized linear runs now, in plan order.
+            pub fn recipes(&self) -> #p::RecipeReport {
+                #p::RecipeReport::of(self)
             }
 
             /// Give every quantized linear its recipe at `iteration` (the

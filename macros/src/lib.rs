@@ -215,3 +215,12 @@ use proc_macro::TokenStream;
 pub fn precision(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::precision(args.into(), item.into()).into()
 }
+
+/// The parameter walk (`Parameters`) of a struct outside the precision plan,
+/// such as an embedder or a norm: every field under its name, except those
+/// marked `#[skip]`. `#[precision]` structs get the same walk generated and
+/// must not derive it. See `mxswitch::prelude`.
+#[proc_macro_derive(Parameters, attributes(skip))]
+pub fn derive_parameters(item: TokenStream) -> TokenStream {
+    expand::derive_parameters(item.into()).into()
+}

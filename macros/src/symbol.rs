@@ -27,6 +27,15 @@ pub const KEYS: [&str; 6] = [SWITCH_TO, AT, LAYERS_PER_ITER, ORDER, SCHEDULE, CO
 /// Field marks, inert helper attributes that `#[precision]` strips.
 pub const QUANTIZE: &str = "quantize";
 pub const LAYERS: &str = "layers";
+pub const LAYER_MARK: &str = "layer";
+pub const HIGH_PRECISION: &str = "high_precision";
+pub const SKIP: &str = "skip";
+
+/// Every field mark.
+pub const MARKS: [&str; 5] = [QUANTIZE, LAYERS, LAYER_MARK, HIGH_PRECISION, SKIP];
+
+/// The attribute's own name, to find it written twice.
+pub const PRECISION: &str = "precision";
 
 /// Environment variable that, when set, replaces `CARGO_MANIFEST_DIR` as the
 /// directory `config = "..."` paths are relative to. trybuild compiles UI

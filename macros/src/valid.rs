@@ -92,6 +92,7 @@ pub fn check(attr: &PrecisionAttr, input: &Input, cx: &Ctxt) -> Option<Role> {
     check_marks(input, cx);
     if let Some(layer) = &attr.layer {
         reject_schedule_on_layer(attr, layer, cx);
+        reject_layers_in_layer(input, cx);
         return Some(Role::Layer);
     }
     if let Some(config) = &attr.config {
@@ -111,6 +112,16 @@ pub fn check(attr: &PrecisionAttr, input: &Input, cx: &Ctxt) -> Option<Role> {
         None => Some(Order::default()),
     };
     let phases = phases?;
+    if let (Some(order), None) = (&attr.order, &attr.layers_per_iter) {
+        if phases.len() > 1 {
+            cx.error_spanned_by(
+                &order.key,
+                "`order` sets which end of the layer stack a ramp converts first, but without \
+                 `layers_per_iter` a switch converts every layer at once, so it does nothing; \
+                 add `layers_per_iter = <count>` or remove `order`",
+            );
+        }
+    }
     if phases.len() == 1 {
         for key in [
             attr.layers_per_iter.as_ref().map(|k| &k.key),
@@ -136,15 +147,32 @@ pub fn check(attr: &PrecisionAttr, input: &Input, cx: &Ctxt) -> Option<Role> {
     }))
 }
 
-/// Every mark is well formed (done in `attr.rs`) and at least one field is marked.
+/// Every mark is well formed (done in `attr.rs`) and at least one field
+/// puts linears in the plan.
 fn check_marks(input: &Input, cx: &Ctxt) {
-    if input.fields.iter().all(|f| f.mark.is_none()) {
+    let invalid = |f: &crate::ast::Field| matches!(f.mark, Some(crate::ast::Mark::Invalid));
+    if !input.fields.iter().any(|f| f.plans() || invalid(f)) {
         let name = input.ident;
         cx.error_spanned_by(
             name,
             format!(
-                "`{name}` has no quantized linear: mark a linear field #[quantize] \
-                 or a Vec of layer structs #[layers]"
+                "`{name}` has no quantized linear: mark a linear field #[quantize], \
+                 a Vec of layer structs #[layers] or one layer struct #[layer]"
+            ),
+        );
+    }
+}
+
+/// A `#[precision(layer)]` struct is one plan layer, so it holds no layers.
+fn reject_layers_in_layer(input: &Input, cx: &Ctxt) {
+    for f in input.fields.iter().filter(|f| f.layer_type().is_some()) {
+        cx.error_spanned_by(
+            f.ident,
+            format!(
+                "`{}` is one plan layer (#[precision(layer)]), so it cannot hold plan layers: \
+                 move the field `{}` to the root model, or mark the inner linears #[quantize] \
+                 in this struct",
+                input.ident, f.ident
             ),
         );
     }
@@ -371,11 +399,15 @@ enum Int {
     Negative,
     TooLarge,
     NotInteger,
+    /// `300u8`: its digits. A type suffix has no place in an iteration or a
+    /// count, and `300u8` does not even fit its type.
+    Suffixed(String),
 }
 
 fn int_literal(expr: &Expr) -> Int {
     match expr {
         Expr::Lit(lit) => match &lit.lit {
+            Lit::Int(i) if !i.suffix().is_empty() => Int::Suffixed(i.base10_digits().to_string()),
             Lit::Int(i) => i.base10_parse::<u64>().map_or(Int::TooLarge, Int::Value),
             _ => Int::NotInteger,
         },
@@ -385,6 +417,11 @@ fn int_literal(expr: &Expr) -> Int {
         Expr::Group(g) => int_literal(&g.expr),
         _ => Int::NotInteger,
     }
+}
+
+/// The error for an integer with a type suffix.
+fn suffix_message(what: &str, digits: &str) -> String {
+    format!("{what} takes a plain integer without a type suffix: write `{digits}`")
 }
 
 /// `at = N`: N >= 1.
@@ -403,6 +440,7 @@ fn switch_at(expr: &Expr, target: Option<&Recipe>, cx: &Ctxt) -> Option<u64> {
                           not a negative number"
             .to_string(),
         Int::TooLarge => "`at` does not fit in a u64 iteration count".to_string(),
+        Int::Suffixed(digits) => suffix_message("`at`", &digits),
         Int::NotInteger => "`at` takes an integer literal, the first iteration of the new \
                             recipe: `at = 12000`"
             .to_string(),
@@ -421,6 +459,10 @@ fn layers_per_iter(expr: &Expr, cx: &Ctxt) -> Option<u64> {
                           number"
         }
         Int::TooLarge => "`layers_per_iter` does not fit in a u64",
+        Int::Suffixed(digits) => {
+            cx.error_spanned_by(expr, suffix_message("`layers_per_iter`", &digits));
+            return None;
+        }
         Int::NotInteger => {
             "`layers_per_iter` takes an integer literal, e.g. \
                             `layers_per_iter = 4` (0 converts every layer at once)"
@@ -436,6 +478,10 @@ fn phase_start(expr: &Expr, cx: &Ctxt) -> Option<u64> {
         Int::Value(n) => Some(n),
         Int::TooLarge => {
             cx.error_spanned_by(expr, "a phase start does not fit in a u64 iteration count");
+            None
+        }
+        Int::Suffixed(digits) => {
+            cx.error_spanned_by(expr, suffix_message("a phase start", &digits));
             None
         }
         Int::Negative | Int::NotInteger => {

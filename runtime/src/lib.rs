@@ -46,9 +46,10 @@ pub use tensor::Tensor;
 /// Items the `#[precision]` macro's generated code names. Not a stable API.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::module::{join, ParamSlot, Parameters};
     pub use crate::plan::{
-        apply_attribute_schedule, apply_schedule, check_schedule, LinearSite, Plan, PlanCx,
-        PlanLinear, Planned, PrecisionModel,
+        apply_attribute_schedule, apply_schedule, check_schedule, LinearSite, NotPlanned, Plan,
+        PlanCx, PlanLayer, PlanLinear, Planned, PrecisionModel, Probe, RecipeReport,
     };
     pub use crate::quant::ScaleMode;
     pub use crate::recipe::{Recipe, RecipeKind};

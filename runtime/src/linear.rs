@@ -6,25 +6,33 @@
 //! `apply(iteration)`, touches no parameter and no optimizer state. The
 //! master weight stays f32 and is quantized inside every forward.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::module::{LinearParams, ParamSlot, Parameters};
 use crate::ops::{apply_custom, CustomOp};
 use crate::plan::{LinearSite, PlanLinear};
 use crate::qlinear::{reads_master_weight, LinearCall, LinearCtx, LinearShape};
-use crate::recipe::{Recipe, RecipeKind};
+use crate::recipe::Recipe;
 use crate::storage::{SavedLinear, Storage};
 use crate::{Error, Result, Tensor};
 
 /// A quantized linear of the precision plan (a `#[quantize]` field).
 ///
 /// Built shape-first with [`QuantLinear::new`], so a model's plan can be
-/// known without allocating its weights; [`crate::module::allocate`] gives it weights.
+/// known without allocating its weights; [`crate::module::allocate`] gives it
+/// weights and, for a `#[precision]` root, puts it in the schedule's first
+/// phase. Until a plan places it, it has no recipe and its forward is an
+/// error ([`Error::Unplanned`]): a linear the plan missed never trains in a
+/// precision nobody asked for.
 pub struct QuantLinear {
     /// The shape, the f32 master weight `[out_features, in_features]` and
     /// the f32 bias `[out_features]`.
     pub params: LinearParams,
-    recipe: Recipe,
+    recipe: Option<Recipe>,
+    /// Forward calls under a recipe, for warm-up's check that the model's
+    /// forward reaches every linear.
+    runs: AtomicU64,
     /// Plan path, e.g. `double_blocks.3.img_qkv`: names errors and labels
     /// saved bytes. Shared, so a forward call copies a pointer, not the text.
     path: Arc<str>,
@@ -36,12 +44,13 @@ pub struct QuantLinear {
 }
 
 impl QuantLinear {
-    /// A linear of the given shape, without weights, running `bf16` until a
-    /// schedule is applied.
+    /// A linear of the given shape, without weights or a recipe: the
+    /// precision plan of its model gives it one.
     pub fn new(in_features: usize, out_features: usize, has_bias: bool) -> Self {
         QuantLinear {
             params: LinearParams::new(in_features, out_features, has_bias),
-            recipe: Recipe::new(RecipeKind::Bf16),
+            recipe: None,
+            runs: AtomicU64::new(0),
             path: Arc::from(""),
             index: 0,
             iteration: 0,
@@ -49,17 +58,42 @@ impl QuantLinear {
         }
     }
 
-    /// Plan path of this linear (empty until a plan visitor has named it).
+    /// This linear running `recipe`, for use outside a model's plan (a
+    /// benchmark, a test, a layer of one's own).
+    pub fn with_recipe(mut self, recipe: Recipe) -> Self {
+        self.recipe = Some(recipe);
+        self
+    }
+
+    /// Plan path of this linear (empty until a parameter or plan walk has
+    /// named it).
     pub fn path(&self) -> &str {
         &self.path
+    }
+
+    /// The linear in messages: its path once a walk named it, else its shape.
+    fn describe(&self) -> String {
+        if self.path.is_empty() {
+            format!(
+                "a quantized linear ({} -> {} features)",
+                self.params.in_features, self.params.out_features
+            )
+        } else {
+            format!("quantized linear `{}`", self.path)
+        }
     }
 
     /// y = x W^T + b for x [.., in_features], under the current recipe.
     /// y has x's dtype (f32 or BF16 activations).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let Some(recipe) = self.recipe else {
+            return Err(Error::Unplanned {
+                what: self.describe(),
+            });
+        };
         let Some(weight) = &self.params.weight else {
             return Err(Error::NotAllocated {
-                what: format!("linear `{}`", self.path),
+                what: self.describe(),
             });
         };
         let k = self.params.in_features;
@@ -72,8 +106,9 @@ impl QuantLinear {
             )));
         }
         let m = x.elem_count() / k;
+        self.runs.fetch_add(1, Ordering::Relaxed);
         let op = LinearOp {
-            recipe: self.recipe,
+            recipe,
             shape: LinearShape {
                 m,
                 k,
@@ -98,19 +133,27 @@ impl QuantLinear {
 }
 
 impl Parameters for QuantLinear {
+    /// Its weight and bias; `prefix` is its path, which it keeps for errors.
     fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
+        if *self.path != *prefix {
+            self.path = Arc::from(prefix);
+        }
         let init = self.params.uniform_init();
         self.params.visit_slots(prefix, init, f);
     }
 }
 
 impl PlanLinear for QuantLinear {
-    fn recipe(&self) -> Recipe {
+    fn recipe(&self) -> Option<Recipe> {
         self.recipe
     }
 
     fn set_recipe(&mut self, recipe: Recipe) {
-        self.recipe = recipe;
+        self.recipe = Some(recipe);
+    }
+
+    fn runs(&self) -> u64 {
+        self.runs.load(Ordering::Relaxed)
     }
 
     fn set_position(&mut self, site: &LinearSite<'_>, index: usize, iteration: u64) {

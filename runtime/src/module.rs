@@ -11,7 +11,9 @@ use crate::{Device, Error, Param, Result, Tensor};
 /// How a parameter starts.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Init {
+    /// All zeros.
     Zeros,
+    /// All ones (norm scales).
     Ones,
     /// U(-bound, bound), PyTorch's default for linear layers (bound 1/sqrt(in)).
     Uniform(f32),
@@ -19,9 +21,13 @@ pub enum Init {
 
 /// One parameter place: its path, shape, initialization and storage.
 pub struct ParamSlot<'a> {
+    /// Dotted path, e.g. `blocks.3.fc1.weight`: checkpoint names and seeds.
     pub path: String,
+    /// The parameter's shape, known before it is allocated.
     pub shape: Vec<usize>,
+    /// How [`allocate`] fills it.
     pub init: Init,
+    /// The parameter, `None` until allocated.
     pub param: &'a mut Option<Param>,
 }
 
@@ -48,13 +54,34 @@ impl<'a> ParamSlot<'a> {
     }
 }
 
-/// Anything holding parameters.
+/// Anything holding parameters. `#[precision]` structs get it generated
+/// (every field but the `#[skip]` ones, paths from the field names, so a
+/// checkpoint's names are the plan's), other structs `#[derive(Parameters)]`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` has no parameter walk (`Parameters`)",
+    label = "every field of a `#[precision]` or `#[derive(Parameters)]` struct is walked for its parameters",
+    note = "mark a field without parameters (a count, a config) `#[skip]`; give a struct of layers `#[derive(Parameters)]`"
+)]
 pub trait Parameters {
     /// Calls `f` for every parameter slot, with paths under `prefix`.
     fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>));
+
+    /// Called by [`allocate`] once every parameter exists. A `#[precision]`
+    /// root puts each quantized linear in its schedule's first phase here,
+    /// so a model is ready to train in the precision it asked for as soon
+    /// as it has weights. The default does nothing.
+    fn after_allocate(&mut self) {}
 }
 
 impl<T: Parameters> Parameters for Vec<T> {
+    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
+        for (i, t) in self.iter_mut().enumerate() {
+            t.visit_params(&join(prefix, &i.to_string()), f);
+        }
+    }
+}
+
+impl<T: Parameters, const N: usize> Parameters for [T; N] {
     fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
         for (i, t) in self.iter_mut().enumerate() {
             t.visit_params(&join(prefix, &i.to_string()), f);
@@ -94,7 +121,9 @@ pub fn try_visit_params<M: Parameters + ?Sized>(
     result
 }
 
-/// Create every parameter of `model` from `seed`.
+/// Create every parameter of `model` from `seed`, then let the model get
+/// ready to run ([`Parameters::after_allocate`]: a `#[precision]` root
+/// places its linears in its schedule's first phase).
 pub fn allocate<M: Parameters + ?Sized>(model: &mut M, seed: u64) -> Result<()> {
     try_visit_params(model, |slot| {
         let n: usize = slot.shape.iter().product();
@@ -112,7 +141,9 @@ pub fn allocate<M: Parameters + ?Sized>(model: &mut M, seed: u64) -> Result<()> 
             &Device::Cpu,
         )?)?);
         Ok(())
-    })
+    })?;
+    model.after_allocate();
+    Ok(())
 }
 
 /// Every parameter with its path, in visit order (errors if not allocated).
@@ -185,10 +216,12 @@ fn fnv1a(s: &str) -> u64 {
 pub struct SplitMix64(u64);
 
 impl SplitMix64 {
+    /// A stream starting from `seed`.
     pub fn new(seed: u64) -> Self {
         SplitMix64(seed)
     }
 
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
@@ -214,10 +247,15 @@ impl SplitMix64 {
 /// `[out_features]`, both f32 and `None` until [`allocate`] fills them.
 /// Held by [`Dense`] and [`crate::linear::QuantLinear`].
 pub struct LinearParams {
+    /// K: features of each input row.
     pub in_features: usize,
+    /// N: features of each output row.
     pub out_features: usize,
+    /// Whether the layer adds a bias.
     pub has_bias: bool,
+    /// W `[out_features, in_features]`, `None` until allocated.
     pub weight: Option<Param>,
+    /// b `[out_features]`, `None` until allocated or without a bias.
     pub bias: Option<Param>,
 }
 
@@ -267,12 +305,14 @@ impl LinearParams {
 /// A high-precision linear (embedders, modulation, final layer): f32
 /// weights, shape known before allocation, never quantized.
 pub struct Dense {
+    /// Shape, weight and bias.
     pub params: LinearParams,
     /// Zero-initialized (Flux's modulation and final layer), so the untrained model outputs 0.
     pub zero_init: bool,
 }
 
 impl Dense {
+    /// A layer of the given shape, without weights.
     pub fn new(in_features: usize, out_features: usize, has_bias: bool) -> Self {
         Dense {
             params: LinearParams::new(in_features, out_features, has_bias),
@@ -309,6 +349,41 @@ impl Parameters for Dense {
             self.params.uniform_init()
         };
         self.params.visit_slots(prefix, init, f);
+    }
+}
+
+/// A learnable per-channel scale `[dim]`, starting at ones: the weight of
+/// an RMSNorm. Its one parameter is `<path>.scale`.
+pub struct Scale {
+    /// Number of channels.
+    pub dim: usize,
+    /// The scale, `None` until allocated.
+    pub param: Option<Param>,
+}
+
+impl Scale {
+    /// A scale of `dim` channels, without values.
+    pub fn new(dim: usize) -> Self {
+        Scale { dim, param: None }
+    }
+
+    /// The allocated scale, or the error naming what is missing.
+    pub fn get(&self) -> Result<&Param> {
+        self.param.as_ref().ok_or_else(|| Error::NotAllocated {
+            what: format!("a scale of {} channels", self.dim),
+        })
+    }
+}
+
+impl Parameters for Scale {
+    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
+        f(ParamSlot::new(
+            prefix,
+            "scale",
+            vec![self.dim],
+            Init::Ones,
+            &mut self.param,
+        ));
     }
 }
 

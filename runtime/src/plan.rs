@@ -18,15 +18,36 @@ use crate::recipe::{Gemm, Recipe, RecipeKind};
 use crate::schedule::{Schedule, SwitchReport};
 use crate::{Error, Result};
 
-/// What the plan needs of a quantized linear: its current recipe.
+/// What the plan needs of a quantized linear: its current recipe, its place
+/// in the plan, and how often it ran.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a quantized linear, so the precision plan cannot switch it",
+    label = "`#[quantize]` and `#[high_precision]` mark a `QuantLinear` field",
+    note = "a linear that always stays in high precision, such as `Dense`, takes no mark"
+)]
 pub trait PlanLinear {
-    fn recipe(&self) -> Recipe;
+    /// The recipe it runs now; `None` until a plan placed it.
+    fn recipe(&self) -> Option<Recipe>;
+    /// Run `recipe` from the next forward on.
     fn set_recipe(&mut self, recipe: Recipe);
     /// Told on every apply where the linear sits (its path and index in the
     /// plan) and the iteration: a linear uses them to name errors and to key
     /// stochastic rounding. The default ignores them.
     fn set_position(&mut self, _site: &LinearSite<'_>, _index: usize, _iteration: u64) {}
+    /// How many forward calls it has run under a recipe, so warm-up can name
+    /// a linear the model's forward never reaches.
+    fn runs(&self) -> u64;
 }
+
+/// A `#[precision(layer)]` struct: the only kind of element `#[layers]` and
+/// `#[layer]` accept. A root model is not one (its schedule would be lost
+/// under another root), and neither is a `Vec` or an `Option`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a `#[precision(layer)]` struct, so it cannot be a plan layer",
+    label = "`#[layers]` and `#[layer]` hold structs marked `#[precision(layer)]`",
+    note = "mark the block struct `#[precision(layer)]` (for a generic block type, add the bound `{Self}: mxswitch::prelude::PlanLayer`); a root `#[precision(...)]` model cannot nest inside another; nested collections are one flat `Vec`; a layer that may be absent is left out of the `Vec`, not held as an `Option`"
+)]
+pub trait PlanLayer: Planned {}
 
 /// One step of a walk's path: a field, or an element of a `#[layers]` field.
 #[derive(Clone, Copy)]
@@ -168,6 +189,19 @@ impl PlanCx<'_> {
         self.enter(segment, layer, f)
     }
 
+    /// Run `f` inside the `#[layer]` field `name`: the struct it holds
+    /// becomes the next plan layer.
+    pub fn single_layer<R>(&mut self, name: &str, f: impl FnOnce(&mut PlanCx<'_>) -> R) -> R {
+        let segment = Segment {
+            parent: self.prefix,
+            name,
+            index: None,
+        };
+        let layer = *self.next_layer;
+        *self.next_layer += 1;
+        self.enter(segment, Some(layer), f)
+    }
+
     /// Run `f` inside element `index` of the `#[layers]` field `name`: the
     /// element becomes the next plan layer.
     pub fn layer<R>(
@@ -188,20 +222,29 @@ impl PlanCx<'_> {
 }
 
 /// Implemented by `#[precision]` and `#[precision(layer)]` structs.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a `#[precision]` or `#[precision(layer)]` struct",
+    note = "mark the struct `#[precision(layer)]` for a plan layer, or `#[precision(<recipe>, ..)]` for the root model"
+)]
 pub trait Planned {
     /// Whether the type can hold a quantized linear at all; the root's
     /// compile-time check of an empty plan reads this.
     const CAN_HOLD_LINEARS: bool;
+    /// Calls `f` for every quantized linear, in plan order, with its site.
     fn visit_linears(
         &self,
         cx: &mut PlanCx<'_>,
         f: &mut dyn FnMut(LinearSite<'_>, &dyn PlanLinear),
     );
+    /// As [`Planned::visit_linears`], mutably: how `apply` sets recipes.
     fn visit_linears_mut(
         &mut self,
         cx: &mut PlanCx<'_>,
         f: &mut dyn FnMut(LinearSite<'_>, &mut dyn PlanLinear),
     );
+    /// Calls `f` for every `#[high_precision]` linear: outside the plan,
+    /// they run BF16 whatever the schedule says.
+    fn visit_high_precision_mut(&mut self, _f: &mut dyn FnMut(&mut dyn PlanLinear)) {}
 }
 
 /// Implemented by the root `#[precision(...)]` struct.
@@ -215,34 +258,6 @@ pub trait PrecisionModel: Planned {
     /// value, built once.
     fn schedule() -> &'static Schedule;
 }
-
-/// A `Vec`'s linears are its elements' in order, an `Option`'s those of
-/// its value if it has one: both walk `iter()` / `iter_mut()`.
-macro_rules! planned_collections {
-    ($($coll:ident),*) => {
-        $(
-            impl<T: Planned> Planned for $coll<T> {
-                const CAN_HOLD_LINEARS: bool = T::CAN_HOLD_LINEARS;
-                fn visit_linears(
-                    &self,
-                    cx: &mut PlanCx<'_>,
-                    f: &mut dyn FnMut(LinearSite<'_>, &dyn PlanLinear),
-                ) {
-                    self.iter().for_each(|t| t.visit_linears(cx, f));
-                }
-                fn visit_linears_mut(
-                    &mut self,
-                    cx: &mut PlanCx<'_>,
-                    f: &mut dyn FnMut(LinearSite<'_>, &mut dyn PlanLinear),
-                ) {
-                    self.iter_mut().for_each(|t| t.visit_linears_mut(cx, f));
-                }
-            }
-        )*
-    };
-}
-
-planned_collections!(Vec, Option);
 
 /// The plan of a model instance.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -288,7 +303,7 @@ impl Plan {
     /// The error for an instantiated plan without a single quantized linear.
     pub fn check_not_empty(&self, model: &str) -> Result<()> {
         if self.is_empty() {
-            return Err(Error::InvalidOption(format!(
+            return Err(Error::Plan(format!(
                 "the precision plan of `{model}` has no quantized linear (for example a depth of 0); \
                  give the model at least one layer instead of training it silently in high precision"
             )));
@@ -329,7 +344,7 @@ pub fn check_schedule<M: PrecisionModel + ?Sized>(schedule: &Schedule) -> Result
         return Ok(());
     };
     let allowed: Vec<&str> = M::RECIPES.iter().map(|r| r.name()).collect();
-    Err(Error::InvalidOption(format!(
+    Err(Error::Plan(format!(
         "recipe `{kind}` is not allowed for this model: its #[precision] attribute names only {} \
          (every recipe is compiled in; the attribute lists those a schedule may use); \
          add `{kind}` to the attribute's schedule to use it",
@@ -369,6 +384,12 @@ fn assign_recipes<M: Planned + ?Sized>(
     let (layers_total, linears_total) = plan_size(model);
     let a = schedule.assign(iteration, layers_total);
     let (mut changed, mut on_current, mut index) = (0, 0, 0);
+    let bf16 = Recipe::new(RecipeKind::Bf16);
+    model.visit_high_precision_mut(&mut |lin| {
+        if lin.recipe() != Some(bf16) {
+            lin.set_recipe(bf16);
+        }
+    });
     PlanCx::root(|cx| {
         model.visit_linears_mut(cx, &mut |site, lin| {
             lin.set_position(&site, index, iteration);
@@ -377,7 +398,7 @@ fn assign_recipes<M: Planned + ?Sized>(
                 Some(l) => a.layer(l),
                 None => a.extras(),
             };
-            if lin.recipe() != r {
+            if lin.recipe() != Some(r) {
                 lin.set_recipe(r);
                 changed += 1;
             }
@@ -393,6 +414,114 @@ fn assign_recipes<M: Planned + ?Sized>(
         linears_total,
         changed,
     }
+}
+
+/// The recipe one quantized linear runs now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinearRecipe {
+    /// Plan path, e.g. `blocks.3.fc1`.
+    pub path: String,
+    /// Plan layer, or `None` for an extra.
+    pub layer: Option<usize>,
+    /// `None` for a linear no schedule has placed yet.
+    pub recipe: Option<Recipe>,
+}
+
+/// Which recipe every quantized linear of a model runs now, in plan order
+/// (the root's `recipes()`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecipeReport {
+    /// One entry per quantized linear.
+    pub linears: Vec<LinearRecipe>,
+}
+
+impl RecipeReport {
+    /// Walk a model and read each linear's recipe.
+    pub fn of<M: Planned + ?Sized>(model: &M) -> RecipeReport {
+        let mut linears = Vec::new();
+        PlanCx::root(|cx| {
+            model.visit_linears(cx, &mut |site, lin| {
+                linears.push(LinearRecipe {
+                    path: site.path(),
+                    layer: site.layer,
+                    recipe: lin.recipe(),
+                })
+            })
+        });
+        RecipeReport { linears }
+    }
+
+    /// The recipe of the linear at `path`, if the plan has one there.
+    pub fn linear(&self, path: &str) -> Option<Option<Recipe>> {
+        self.linears
+            .iter()
+            .find(|l| l.path == path)
+            .map(|l| l.recipe)
+    }
+
+    /// The recipe plan layer `layer` runs, when all its linears agree.
+    pub fn layer(&self, layer: usize) -> Option<Recipe> {
+        let mut of_layer = self.linears.iter().filter(|l| l.layer == Some(layer));
+        let first = of_layer.next()?.recipe?;
+        of_layer.all(|l| l.recipe == Some(first)).then_some(first)
+    }
+}
+
+impl fmt::Display for RecipeReport {
+    /// One line per linear: `blocks.3.fc1 (layer 3): mxfp4`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, l) in self.linears.iter().enumerate() {
+            if i > 0 {
+                f.write_char('\n')?;
+            }
+            match l.layer {
+                Some(layer) => write!(f, "{} (layer {layer}): ", l.path)?,
+                None => write!(f, "{} (extra): ", l.path)?,
+            }
+            match l.recipe {
+                Some(r) => write!(f, "{r}")?,
+                None => f.write_str("no recipe yet")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Compile-time questions about a field's type, for the checks the macro
+/// generates on unmarked fields: `<Probe<T>>::PLAN_LINEAR` is `true` when
+/// `T` is a quantized linear (an inherent constant, found first), and the
+/// [`NotPlanned`] default `false` otherwise. For a type that depends on a
+/// generic parameter the answer is always `false`, so those fields are left
+/// to the run-time error of a linear without a recipe.
+#[doc(hidden)]
+pub struct Probe<T: ?Sized>(std::marker::PhantomData<T>);
+
+/// The `false` answers of [`Probe`].
+#[doc(hidden)]
+pub trait NotPlanned {
+    /// Not a quantized linear.
+    const PLAN_LINEAR: bool = false;
+    /// Not a `#[precision(layer)]` struct.
+    const PLAN_LAYER: bool = false;
+    /// Not a `Vec` of `#[precision(layer)]` structs.
+    const PLAN_LAYERS: bool = false;
+}
+
+impl<T: ?Sized> NotPlanned for Probe<T> {}
+
+impl<T: PlanLinear + ?Sized> Probe<T> {
+    /// A quantized linear.
+    pub const PLAN_LINEAR: bool = true;
+}
+
+impl<T: PlanLayer> Probe<T> {
+    /// A `#[precision(layer)]` struct.
+    pub const PLAN_LAYER: bool = true;
+}
+
+impl<T: PlanLayer> Probe<Vec<T>> {
+    /// A `Vec` of `#[precision(layer)]` structs.
+    pub const PLAN_LAYERS: bool = true;
 }
 
 #[cfg(test)]

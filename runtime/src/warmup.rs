@@ -2,12 +2,14 @@
 //! step under every recipe the schedule will use, on scratch state, then put
 //! parameters and optimizer state back bit for bit.
 //!
-//! It is also the proof that a switch is not a silent no-op: each recipe's
-//! linear kernels must have run during its warm-up step, or warm-up fails.
+//! It is also the proof that a switch is not a silent no-op: during each
+//! recipe's warm-up step, that recipe's linear kernels must have run and
+//! every `#[quantize]` linear must have been called, or warm-up fails and
+//! names the linears the model's forward never reaches.
 
 use crate::module::{try_visit_params, Parameters};
 use crate::optim::AdamW;
-use crate::plan::{apply_schedule, PrecisionModel};
+use crate::plan::{apply_schedule, PlanCx, Planned, PrecisionModel};
 use crate::qlinear::kernel_runs;
 use crate::recipe::RecipeKind;
 use crate::schedule::Schedule;
@@ -16,6 +18,7 @@ use crate::{Error, Result, Tensor};
 /// What warm-up ran: kernel invocations per scheduled recipe.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WarmupReport {
+    /// Each scheduled recipe, with the linear kernel calls its step made.
     pub runs: Vec<(RecipeKind, u64)>,
 }
 
@@ -38,6 +41,28 @@ fn snapshot<M: Parameters>(model: &mut M) -> Vec<Option<Tensor>> {
         v.push(slot.param.as_ref().map(|p| p.tensor().clone()))
     });
     v
+}
+
+/// Every plan linear's forward-call count, in plan order.
+fn linear_runs<M: Planned>(model: &M) -> Vec<u64> {
+    let mut runs = Vec::new();
+    PlanCx::root(|cx| model.visit_linears(cx, &mut |_, lin| runs.push(lin.runs())));
+    runs
+}
+
+/// The paths of the linears whose count is still the one in `before`.
+fn not_reached<M: Planned>(model: &M, before: &[u64]) -> Vec<String> {
+    let mut idle = Vec::new();
+    let mut i = 0;
+    PlanCx::root(|cx| {
+        model.visit_linears(cx, &mut |site, lin| {
+            if before.get(i) == Some(&lin.runs()) {
+                idle.push(site.path());
+            }
+            i += 1;
+        })
+    });
+    idle
 }
 
 fn restore<M: Parameters>(model: &mut M, snap: &[Option<Tensor>]) -> Result<()> {
@@ -74,13 +99,24 @@ where
         seen.push(phase.recipe);
         apply_schedule(model, &Schedule::constant(phase.recipe), 0)?;
         let before = kernel_runs(phase.recipe.kind);
+        let linears_before = linear_runs(model);
         let result = step(model, opt);
         let ran = kernel_runs(phase.recipe.kind) - before;
         result?;
         if ran == 0 {
-            return Err(Error::InvalidOption(format!(
+            return Err(Error::Plan(format!(
                 "warm-up: no `{}` linear kernel ran during its step; the model's forward does not reach its quantized linears",
                 phase.recipe
+            )));
+        }
+        let idle = not_reached(model, &linears_before);
+        if !idle.is_empty() {
+            return Err(Error::Plan(format!(
+                "warm-up: the model's forward never called {} of its {} #[quantize] linears during the `{}` step: {}; call each one in the forward, or remove its mark",
+                idle.len(),
+                linears_before.len(),
+                phase.recipe,
+                idle.join(", ")
             )));
         }
         runs.push((phase.recipe.kind, ran));

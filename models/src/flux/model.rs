@@ -6,11 +6,11 @@
 //! names follow the upstream checkpoint keys where the layout allows.
 //! Shapes in comments: B batch, L tokens, H hidden, h heads, D head dim.
 
-use mxswitch_macros::precision;
+use mxswitch_macros::{precision, Parameters};
 use mxswitch_runtime::linear::QuantLinear;
-use mxswitch_runtime::module::{join, Dense, Init, ParamSlot, Parameters};
+use mxswitch_runtime::module::{Dense, Scale};
 use mxswitch_runtime::ops::scaled_dot_product_attention;
-use mxswitch_runtime::{DType, Device, Param, Result, Tensor};
+use mxswitch_runtime::{DType, Device, Result, Tensor};
 
 use super::config::FluxConfig;
 
@@ -19,15 +19,12 @@ const EPS: f32 = 1e-6;
 /// Width of the sinusoidal timestep embedding.
 pub(crate) const TIME_DIM: usize = 256;
 
-fn unallocated() -> mxswitch_runtime::Error {
-    mxswitch_runtime::Error::NotAllocated {
-        what: "the model".into(),
-    }
-}
-
 /// in -> H -> SiLU -> H (`MLPEmbedder`).
+#[derive(Parameters)]
 pub struct MlpEmbedder {
+    /// in -> H.
     pub in_layer: Dense,
+    /// H -> H.
     pub out_layer: Dense,
 }
 
@@ -46,8 +43,11 @@ impl MlpEmbedder {
 
 /// shift, scale and gate, each [B, 1, H].
 pub struct ModulationOut {
+    /// Added after the scale.
     pub shift: Tensor,
+    /// Multiplies as `1 + scale`.
     pub scale: Tensor,
+    /// Multiplies a residual branch before it is added.
     pub gate: Tensor,
 }
 
@@ -59,8 +59,12 @@ impl ModulationOut {
 }
 
 /// Linear(silu(vec)) split into one or two (shift, scale, gate) triples.
+#[derive(Parameters)]
 pub struct Modulation {
+    /// H -> 3H or 6H, zero-initialized.
     pub lin: Dense,
+    /// Two triples (double-stream blocks) or one.
+    #[skip]
     pub double: bool,
 }
 
@@ -90,26 +94,27 @@ impl Modulation {
 }
 
 /// RMSNorm of q and k over the head dimension with learnable scales.
+#[derive(Parameters)]
 pub struct QkNorm {
-    pub dim: usize,
-    pub query_norm: Option<Param>,
-    pub key_norm: Option<Param>,
+    /// The scale of q, `[D]`.
+    pub query_norm: Scale,
+    /// The scale of k, `[D]`.
+    pub key_norm: Scale,
 }
 
 impl QkNorm {
     fn new(dim: usize) -> Self {
         QkNorm {
-            dim,
-            query_norm: None,
-            key_norm: None,
+            query_norm: Scale::new(dim),
+            key_norm: Scale::new(dim),
         }
     }
 
     /// Normalized in f32, then cast back to v's dtype so q, k and v reach
     /// attention in one dtype.
     fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
-        let qs = self.query_norm.as_ref().ok_or_else(unallocated)?;
-        let ks = self.key_norm.as_ref().ok_or_else(unallocated)?;
+        let qs = self.query_norm.get()?;
+        let ks = self.key_norm.get()?;
         let q = q
             .to_dtype(DType::F32)?
             .rms_norm(qs, EPS)?
@@ -124,7 +129,9 @@ impl QkNorm {
 
 /// RoPE tables of the joint (text then image) sequence, [L, D/2] each.
 pub struct Rope {
+    /// cos of each position's angles.
     pub cos: Tensor,
+    /// sin of each position's angles.
     pub sin: Tensor,
 }
 
@@ -153,8 +160,12 @@ fn attention(q: &Tensor, k: &Tensor, v: &Tensor, pe: &Rope) -> Result<Tensor> {
 /// joined only in attention. Eight quantized linears.
 #[precision(layer)]
 pub struct DoubleBlock {
+    /// Attention heads (h).
+    #[skip]
     pub heads: usize,
+    /// The image stream's two modulation triples.
     pub img_mod: Modulation,
+    /// The image stream's QK norm.
     pub img_norm: QkNorm,
     #[quantize]
     pub img_qkv: QuantLinear,
@@ -164,7 +175,9 @@ pub struct DoubleBlock {
     pub img_mlp_fc1: QuantLinear,
     #[quantize]
     pub img_mlp_fc2: QuantLinear,
+    /// The text stream's two modulation triples.
     pub txt_mod: Modulation,
+    /// The text stream's QK norm.
     pub txt_norm: QkNorm,
     #[quantize]
     pub txt_qkv: QuantLinear,
@@ -260,8 +273,12 @@ impl DoubleBlock {
 /// quantized linears: out = fc2(gelu(fc1 h)) + proj(attn), proj without bias.
 #[precision(layer)]
 pub struct SingleBlock {
+    /// Attention heads (h).
+    #[skip]
     pub heads: usize,
+    /// One modulation triple.
     pub modulation: Modulation,
+    /// QK norm.
     pub norm: QkNorm,
     #[quantize]
     pub qkv: QuantLinear,
@@ -309,8 +326,11 @@ impl SingleBlock {
 }
 
 /// Final adaLN modulation and projection back to patch channels.
+#[derive(Parameters)]
 pub struct LastLayer {
+    /// H -> 2H (shift and scale), zero-initialized.
     pub ada_ln_modulation: Dense,
+    /// H -> patch channels, zero-initialized.
     pub linear: Dense,
 }
 
@@ -333,16 +353,26 @@ impl LastLayer {
 /// command line moves the switch (`apply_with`).
 #[precision(mxfp4, switch_to = fp8, at = 12000)]
 pub struct Flux {
+    /// The shape it was built from.
+    #[skip]
     pub config: FluxConfig,
+    /// Patch channels -> H.
     pub img_in: Dense,
+    /// Timestep embedding -> H.
     pub time_in: MlpEmbedder,
+    /// Pooled text vector -> H.
     pub vector_in: MlpEmbedder,
+    /// Guidance embedding -> H, for guidance-distilled models.
     pub guidance_in: Option<MlpEmbedder>,
+    /// Text tokens -> H.
     pub txt_in: Dense,
+    /// The double-stream blocks, plan layers 0..depth.
     #[layers]
     pub double_blocks: Vec<DoubleBlock>,
+    /// The single-stream blocks, the plan layers after them.
     #[layers]
     pub single_blocks: Vec<SingleBlock>,
+    /// Final modulation and projection.
     pub final_layer: LastLayer,
 }
 
@@ -472,97 +502,4 @@ pub fn timestep_embedding(t: &[f32], dim: usize) -> Vec<f32> {
         out.extend(args.iter().map(|a| a.sin() as f32));
     }
     out
-}
-
-// Parameter walks: paths follow the field names.
-
-impl Parameters for MlpEmbedder {
-    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
-        self.in_layer.visit_params(&join(prefix, "in_layer"), f);
-        self.out_layer.visit_params(&join(prefix, "out_layer"), f);
-    }
-}
-
-impl Parameters for Modulation {
-    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
-        self.lin.visit_params(&join(prefix, "lin"), f);
-    }
-}
-
-impl Parameters for QkNorm {
-    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
-        f(ParamSlot::new(
-            prefix,
-            "query_norm.scale",
-            vec![self.dim],
-            Init::Ones,
-            &mut self.query_norm,
-        ));
-        f(ParamSlot::new(
-            prefix,
-            "key_norm.scale",
-            vec![self.dim],
-            Init::Ones,
-            &mut self.key_norm,
-        ));
-    }
-}
-
-impl Parameters for DoubleBlock {
-    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
-        self.img_mod.visit_params(&join(prefix, "img_mod"), f);
-        self.img_norm
-            .visit_params(&join(prefix, "img_attn.norm"), f);
-        self.img_qkv.visit_params(&join(prefix, "img_qkv"), f);
-        self.img_proj.visit_params(&join(prefix, "img_proj"), f);
-        self.img_mlp_fc1
-            .visit_params(&join(prefix, "img_mlp_fc1"), f);
-        self.img_mlp_fc2
-            .visit_params(&join(prefix, "img_mlp_fc2"), f);
-        self.txt_mod.visit_params(&join(prefix, "txt_mod"), f);
-        self.txt_norm
-            .visit_params(&join(prefix, "txt_attn.norm"), f);
-        self.txt_qkv.visit_params(&join(prefix, "txt_qkv"), f);
-        self.txt_proj.visit_params(&join(prefix, "txt_proj"), f);
-        self.txt_mlp_fc1
-            .visit_params(&join(prefix, "txt_mlp_fc1"), f);
-        self.txt_mlp_fc2
-            .visit_params(&join(prefix, "txt_mlp_fc2"), f);
-    }
-}
-
-impl Parameters for SingleBlock {
-    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
-        self.modulation.visit_params(&join(prefix, "modulation"), f);
-        self.norm.visit_params(&join(prefix, "norm"), f);
-        self.qkv.visit_params(&join(prefix, "qkv"), f);
-        self.proj.visit_params(&join(prefix, "proj"), f);
-        self.mlp_fc1.visit_params(&join(prefix, "mlp_fc1"), f);
-        self.mlp_fc2.visit_params(&join(prefix, "mlp_fc2"), f);
-    }
-}
-
-impl Parameters for LastLayer {
-    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
-        self.ada_ln_modulation
-            .visit_params(&join(prefix, "adaLN_modulation"), f);
-        self.linear.visit_params(&join(prefix, "linear"), f);
-    }
-}
-
-impl Parameters for Flux {
-    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>)) {
-        self.img_in.visit_params(&join(prefix, "img_in"), f);
-        self.time_in.visit_params(&join(prefix, "time_in"), f);
-        self.vector_in.visit_params(&join(prefix, "vector_in"), f);
-        self.guidance_in
-            .visit_params(&join(prefix, "guidance_in"), f);
-        self.txt_in.visit_params(&join(prefix, "txt_in"), f);
-        self.double_blocks
-            .visit_params(&join(prefix, "double_blocks"), f);
-        self.single_blocks
-            .visit_params(&join(prefix, "single_blocks"), f);
-        self.final_layer
-            .visit_params(&join(prefix, "final_layer"), f);
-    }
 }
