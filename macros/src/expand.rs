@@ -58,10 +58,17 @@ fn generate(input: &Input, role: &Role) -> TokenStream {
     let planned = impl_planned(input, role, &p);
     let check = plan_check(input, &p);
     let unmarked = unmarked_checks(input, &p);
+    // Plan fields' parameter walks follow from their plan bounds.
     let fields: Vec<(&Ident, &syn::Type)> = input
         .fields
         .iter()
         .filter(|f| f.has_params())
+        .map(|f| (f.ident, f.ty))
+        .collect();
+    let unplanned: Vec<(&Ident, &syn::Type)> = input
+        .fields
+        .iter()
+        .filter(|f| f.has_params() && !f.plans() && !matches!(f.mark, Some(Mark::HighPrecision)))
         .map(|f| (f.ident, f.ty))
         .collect();
     let (root, after_allocate) = match role {
@@ -75,12 +82,15 @@ fn generate(input: &Input, role: &Role) -> TokenStream {
             },
         ),
     };
-    // A root's `after_allocate` applies its schedule, so it needs the plan's bounds too.
-    let generics = match role {
-        Role::Layer => input.generics.clone(),
-        Role::Root(_) => with_bounds(input, plan_bounds(input, &p)),
-    };
-    let params = impl_parameters(input.ident, &generics, &fields, after_allocate, &p);
+    let generics = with_bounds(input, plan_bounds(input, &p));
+    let params = impl_parameters(
+        input.ident,
+        &generics,
+        &fields,
+        &unplanned,
+        after_allocate,
+        &p,
+    );
     quote!(#planned #check #unmarked #params #root)
 }
 
@@ -140,6 +150,7 @@ pub fn derive_parameters(item: TokenStream) -> TokenStream {
         &parsed.ident,
         &parsed.generics,
         &fields,
+        &fields,
         TokenStream::new(),
         &runtime_path(),
     )
@@ -166,23 +177,40 @@ fn with_bounds(input: &Input, bounds: Vec<TokenStream>) -> syn::Generics {
     generics
 }
 
-/// What the plan needs of each marked field's type.
+/// What the plan needs of each marked field's type. Every generated impl of
+/// a struct states the same bounds at the same spans, so a field of the
+/// wrong type is reported once, at the field, with the trait's message (and
+/// the traits' `Parameters` supertrait covers the parameter walk).
 fn plan_bounds(input: &Input, p: &TokenStream) -> Vec<TokenStream> {
     input
         .fields
         .iter()
         .filter_map(|f| {
-            let ty = f.ty;
-            match &f.mark {
-                Some(Mark::Quantize | Mark::HighPrecision) => {
-                    Some(quote_spanned!(ty.span()=> #ty: #p::PlanLinear))
-                }
-                Some(Mark::Layers { elem }) => {
-                    Some(quote_spanned!(elem.span()=> #elem: #p::PlanLayer))
-                }
-                Some(Mark::Layer) => Some(quote_spanned!(ty.span()=> #ty: #p::PlanLayer)),
-                _ => None,
+            let (ty, bound) = match &f.mark {
+                Some(Mark::Quantize | Mark::HighPrecision) => (f.ty, quote!(PlanLinear)),
+                Some(Mark::Layers { elem }) => (*elem, quote!(PlanLayer)),
+                Some(Mark::Layer) => (f.ty, quote!(PlanLayer)),
+                _ => return None,
+            };
+            Some(respan(quote!(#ty: #p::#bound), ty.span()))
+        })
+        .collect()
+}
+
+/// `tokens` with every span set to `span`, so an error about them points
+/// at the user's code instead of the attribute.
+fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut tt| {
+            if let proc_macro2::TokenTree::Group(g) = &tt {
+                let mut group = proc_macro2::Group::new(g.delimiter(), respan(g.stream(), span));
+                group.set_span(span);
+                tt = proc_macro2::TokenTree::Group(group);
+            } else {
+                tt.set_span(span);
             }
+            tt
         })
         .collect()
 }
@@ -307,21 +335,24 @@ fn impl_planned(input: &Input, role: &Role, p: &TokenStream) -> TokenStream {
 
 /// `impl Parameters`: every field but the `#[skip]` ones, under its name,
 /// so parameter paths (checkpoint names) are the plan's paths. `extra` goes
-/// inside the impl (a root's `after_allocate`). Shared with
-/// `#[derive(Parameters)]`.
+/// inside the impl (a root's `after_allocate`). The `bounded` fields get a
+/// `Parameters` bound (the others' follows from their plan bounds). Shared
+/// with `#[derive(Parameters)]`.
 pub fn impl_parameters(
     ident: &Ident,
     input_generics: &syn::Generics,
     fields: &[(&Ident, &syn::Type)],
+    bounded: &[(&Ident, &syn::Type)],
     extra: TokenStream,
     p: &TokenStream,
 ) -> TokenStream {
     let mut generics = input_generics.clone();
     let clause = generics.make_where_clause();
-    for (_, ty) in fields {
+    for (_, ty) in bounded {
+        let bound = respan(quote!(#ty: #p::Parameters), ty.span());
         clause
             .predicates
-            .push(syn::parse2(quote_spanned!(ty.span()=> #ty: #p::Parameters)).expect("parses"));
+            .push(syn::parse2(bound).expect("a generated where predicate parses"));
     }
     let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
     let (prefix, f) = (local("prefix"), local("f"));

@@ -14,6 +14,7 @@
 
 use std::fmt::{self, Write as _};
 
+use crate::module::Parameters;
 use crate::recipe::{Gemm, Recipe, RecipeKind};
 use crate::schedule::{Schedule, SwitchReport};
 use crate::{Error, Result};
@@ -25,7 +26,7 @@ use crate::{Error, Result};
     label = "`#[quantize]` and `#[high_precision]` mark a `QuantLinear` field",
     note = "a linear that always stays in high precision, such as `Dense`, takes no mark"
 )]
-pub trait PlanLinear {
+pub trait PlanLinear: Parameters {
     /// The recipe it runs now; `None` until a plan placed it.
     fn recipe(&self) -> Option<Recipe>;
     /// Run `recipe` from the next forward on.
@@ -45,9 +46,9 @@ pub trait PlanLinear {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a `#[precision(layer)]` struct, so it cannot be a plan layer",
     label = "`#[layers]` and `#[layer]` hold structs marked `#[precision(layer)]`",
-    note = "mark the block struct `#[precision(layer)]` (for a generic block type, add the bound `{Self}: mxswitch::prelude::PlanLayer`); a root `#[precision(...)]` model cannot nest inside another; nested collections are one flat `Vec`; a layer that may be absent is left out of the `Vec`, not held as an `Option`"
+    note = "mark the block struct `#[precision(layer)]` (a generic block type `T` needs the bound `T: PlanLayer`, from `mxswitch::prelude`); a root `#[precision(...)]` model cannot nest inside another; nested collections are one flat `Vec`; a layer that may be absent is left out of the `Vec`, not held as an `Option`"
 )]
-pub trait PlanLayer: Planned {}
+pub trait PlanLayer: Planned + Parameters {}
 
 /// One step of a walk's path: a field, or an element of a `#[layers]` field.
 #[derive(Clone, Copy)]

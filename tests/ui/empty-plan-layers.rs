@@ -1,8 +1,15 @@
 use mxswitch::precision;
-use mxswitch::runtime::plan::{LinearSite, PlanCx, PlanLinear, Planned};
+use mxswitch::runtime::module::{ParamSlot, Parameters};
+use mxswitch::runtime::plan::{LinearSite, PlanCx, PlanLayer, PlanLinear, Planned};
 
-/// A layer type that can never hold a quantized linear.
+/// A layer type, written by hand, that can never hold a quantized linear.
 struct Norm;
+
+impl Parameters for Norm {
+    fn visit_params(&mut self, _: &str, _: &mut dyn FnMut(ParamSlot<'_>)) {}
+}
+
+impl PlanLayer for Norm {}
 
 impl Planned for Norm {
     const CAN_HOLD_LINEARS: bool = false;

@@ -1,0 +1,14 @@
+use mxswitch::prelude::*;
+#[precision(layer)]
+struct B {
+    #[quantize]
+    a: QuantLinear,
+}
+#[precision(mxfp4, switch_to = fp8, at = 300)]
+struct M {
+    #[layers]
+    blocks: Vec<B>,
+    refiner: B,
+    more: Vec<B>,
+}
+fn main() {}

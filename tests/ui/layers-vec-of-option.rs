@@ -1,0 +1,12 @@
+use mxswitch::prelude::*;
+#[precision(layer)]
+struct B {
+    #[quantize]
+    a: QuantLinear,
+}
+#[precision(mxfp4, switch_to = fp8, at = 300)]
+struct M {
+    #[layers]
+    blocks: Vec<Option<B>>,
+}
+fn main() {}
