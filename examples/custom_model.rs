@@ -11,7 +11,6 @@
 //! channel-mixing MLPs have something to learn.
 
 use mxswitch::prelude::*;
-use mxswitch::train::{fit, FitOptions, FitSummary};
 
 const PATCHES: usize = 8;
 const CHANNELS: usize = 16;

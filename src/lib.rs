@@ -85,6 +85,7 @@ pub use mxswitch_models as models;
 #[doc(inline)]
 pub use mxswitch_runtime as runtime;
 
+#[doc = include_str!("../docs/precision.md")]
 #[doc(inline)]
 pub use mxswitch_macros::precision;
 
@@ -106,4 +107,6 @@ pub mod prelude {
     pub use mxswitch_runtime::schedule::{Schedule, SwitchReport};
     pub use mxswitch_runtime::warmup::warmup;
     pub use mxswitch_runtime::{DType, Device, Error, Result, Tensor};
+
+    pub use crate::train::{fit, FitOptions, FitSummary, Step};
 }

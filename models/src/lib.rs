@@ -1,2 +1,4 @@
 //! Models written against the mxswitch runtime.
+
+#![deny(missing_docs)]
 pub mod flux;

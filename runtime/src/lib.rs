@@ -2,6 +2,8 @@
 //! SPEC.md), tensors with a tape-based autograd, CPU ops, the quantized-linear
 //! recipes and the optimizer.
 
+#![deny(missing_docs)]
+
 pub mod error;
 pub mod formats;
 pub mod linear;

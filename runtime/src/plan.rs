@@ -292,6 +292,7 @@ impl Plan {
         self.layers.len()
     }
 
+    /// Whether the plan holds no quantized linear at all.
     pub fn is_empty(&self) -> bool {
         self.linears() == 0
     }

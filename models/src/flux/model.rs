@@ -167,29 +167,38 @@ pub struct DoubleBlock {
     pub img_mod: Modulation,
     /// The image stream's QK norm.
     pub img_norm: QkNorm,
+    /// Image q, k, v: H -> 3H.
     #[quantize]
     pub img_qkv: QuantLinear,
+    /// Image attention output: H -> H.
     #[quantize]
     pub img_proj: QuantLinear,
+    /// Image MLP in: H -> mlp_ratio H.
     #[quantize]
     pub img_mlp_fc1: QuantLinear,
+    /// Image MLP out: mlp_ratio H -> H.
     #[quantize]
     pub img_mlp_fc2: QuantLinear,
     /// The text stream's two modulation triples.
     pub txt_mod: Modulation,
     /// The text stream's QK norm.
     pub txt_norm: QkNorm,
+    /// Text q, k, v: H -> 3H.
     #[quantize]
     pub txt_qkv: QuantLinear,
+    /// Text attention output: H -> H.
     #[quantize]
     pub txt_proj: QuantLinear,
+    /// Text MLP in: H -> mlp_ratio H.
     #[quantize]
     pub txt_mlp_fc1: QuantLinear,
+    /// Text MLP out: mlp_ratio H -> H.
     #[quantize]
     pub txt_mlp_fc2: QuantLinear,
 }
 
 impl DoubleBlock {
+    /// The block's shape for `cfg`, without weights.
     pub fn new(cfg: &FluxConfig) -> Self {
         let (h, m) = (cfg.hidden_size, cfg.mlp_hidden());
         DoubleBlock {
@@ -280,17 +289,22 @@ pub struct SingleBlock {
     pub modulation: Modulation,
     /// QK norm.
     pub norm: QkNorm,
+    /// q, k, v: H -> 3H.
     #[quantize]
     pub qkv: QuantLinear,
+    /// Attention output: H -> H, without bias.
     #[quantize]
     pub proj: QuantLinear,
+    /// MLP in: H -> mlp_ratio H.
     #[quantize]
     pub mlp_fc1: QuantLinear,
+    /// MLP out: mlp_ratio H -> H.
     #[quantize]
     pub mlp_fc2: QuantLinear,
 }
 
 impl SingleBlock {
+    /// The block's shape for `cfg`, without weights.
     pub fn new(cfg: &FluxConfig) -> Self {
         let (h, m) = (cfg.hidden_size, cfg.mlp_hidden());
         SingleBlock {
