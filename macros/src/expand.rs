@@ -76,7 +76,8 @@ fn generate(input: &Input, role: &Role) -> TokenStream {
         Role::Root(schedule) => (
             impl_root(input, schedule, &p),
             quote! {
-                fn after_allocate(&mut self) {
+                fn after_allocate(&mut self, seed: u64) {
+                    #p::seed_linears(self, seed);
                     #p::apply_attribute_schedule(self, 0);
                 }
             },

@@ -50,8 +50,9 @@ pub use tensor::Tensor;
 pub mod __private {
     pub use crate::module::{join, ParamSlot, Parameters};
     pub use crate::plan::{
-        apply_attribute_schedule, apply_schedule, check_schedule, LinearSite, NotPlanned, Plan,
-        PlanCx, PlanLayer, PlanLinear, Planned, PrecisionModel, Probe, RecipeReport,
+        apply_attribute_schedule, apply_schedule, check_schedule, seed_linears, LinearSite,
+        NotPlanned, Plan, PlanCx, PlanLayer, PlanLinear, Planned, PrecisionModel, Probe,
+        RecipeReport,
     };
     pub use crate::quant::ScaleMode;
     pub use crate::recipe::{Recipe, RecipeKind};

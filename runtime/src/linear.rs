@@ -73,14 +73,7 @@ impl QuantLinear {
 
     /// The linear in messages: its path once a walk named it, else its shape.
     fn describe(&self) -> String {
-        if self.path.is_empty() {
-            format!(
-                "a quantized linear ({} -> {} features)",
-                self.params.in_features, self.params.out_features
-            )
-        } else {
-            format!("quantized linear `{}`", self.path)
-        }
+        self.params.describe("quantized linear")
     }
 
     /// y = x W^T + b for x [.., in_features], under the current recipe.
@@ -154,6 +147,10 @@ impl PlanLinear for QuantLinear {
 
     fn runs(&self) -> u64 {
         self.runs.load(Ordering::Relaxed)
+    }
+
+    fn set_seed(&mut self, seed: u64) {
+        self.seed = seed;
     }
 
     fn set_position(&mut self, site: &LinearSite<'_>, index: usize, iteration: u64) {

@@ -66,11 +66,12 @@ pub trait Parameters {
     /// Calls `f` for every parameter slot, with paths under `prefix`.
     fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(ParamSlot<'_>));
 
-    /// Called by [`allocate`] once every parameter exists. A `#[precision]`
-    /// root puts each quantized linear in its schedule's first phase here,
-    /// so a model is ready to train in the precision it asked for as soon
-    /// as it has weights. The default does nothing.
-    fn after_allocate(&mut self) {}
+    /// Called by [`allocate`] with its seed once every parameter exists. A
+    /// `#[precision]` root puts each quantized linear in its schedule's first
+    /// phase here and seeds its stochastic rounding, so a model is ready to
+    /// train in the precision it asked for as soon as it has weights. The
+    /// default does nothing.
+    fn after_allocate(&mut self, _seed: u64) {}
 }
 
 impl<T: Parameters> Parameters for Vec<T> {
@@ -142,7 +143,7 @@ pub fn allocate<M: Parameters + ?Sized>(model: &mut M, seed: u64) -> Result<()> 
         )?)?);
         Ok(())
     })?;
-    model.after_allocate();
+    model.after_allocate(seed);
     Ok(())
 }
 
@@ -257,6 +258,8 @@ pub struct LinearParams {
     pub weight: Option<Param>,
     /// b `[out_features]`, `None` until allocated or without a bias.
     pub bias: Option<Param>,
+    /// The layer's path, once a parameter walk has named it (for errors).
+    path: String,
 }
 
 impl LinearParams {
@@ -268,6 +271,7 @@ impl LinearParams {
             has_bias,
             weight: None,
             bias: None,
+            path: String::new(),
         }
     }
 
@@ -281,8 +285,25 @@ impl LinearParams {
         Init::Uniform(1.0 / (self.in_features as f32).sqrt())
     }
 
-    /// The slots `weight` and, if `has_bias`, `bias`, both drawn from `init`.
+    /// The layer in messages, as a `kind` ("linear"): ``linear `img_in` ``
+    /// once a walk named it, else `a linear (16 -> 64 features)`.
+    pub fn describe(&self, kind: &str) -> String {
+        if self.path.is_empty() {
+            format!(
+                "a {kind} ({} -> {} features)",
+                self.in_features, self.out_features
+            )
+        } else {
+            format!("{kind} `{}`", self.path)
+        }
+    }
+
+    /// The slots `weight` and, if `has_bias`, `bias`, both drawn from `init`;
+    /// `prefix` is the layer's path, which it keeps for errors.
     pub fn visit_slots(&mut self, prefix: &str, init: Init, f: &mut dyn FnMut(ParamSlot<'_>)) {
+        if self.path != prefix {
+            self.path = prefix.to_string();
+        }
         f(ParamSlot::new(
             prefix,
             "weight",
@@ -333,7 +354,7 @@ impl Dense {
             .weight
             .as_ref()
             .ok_or_else(|| Error::NotAllocated {
-                what: "a dense layer".into(),
+                what: self.params.describe("linear"),
             })?;
         let b = self.params.bias.as_deref();
         let y = crate::ops::linear(&x.to_dtype(crate::DType::F32)?, w, b)?;

@@ -38,6 +38,9 @@ pub trait PlanLinear: Parameters {
     /// How many forward calls it has run under a recipe, so warm-up can name
     /// a linear the model's forward never reaches.
     fn runs(&self) -> u64;
+    /// The run's seed, for stochastic rounding (SPEC section 2). The default
+    /// ignores it.
+    fn set_seed(&mut self, _seed: u64) {}
 }
 
 /// A `#[precision(layer)]` struct: the only kind of element `#[layers]` and
@@ -312,6 +315,12 @@ impl Plan {
         }
         Ok(())
     }
+}
+
+/// Give every quantized linear of `model` the run's seed, which keys its
+/// stochastic rounding with its plan index and the iteration.
+pub fn seed_linears<M: Planned + ?Sized>(model: &mut M, seed: u64) {
+    PlanCx::root(|cx| model.visit_linears_mut(cx, &mut |_, lin| lin.set_seed(seed)));
 }
 
 /// The plan's size (L layers, M linears) without collecting its paths.
