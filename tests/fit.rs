@@ -10,9 +10,7 @@ use mxswitch::runtime::module::{allocate, named_params, Dense, SplitMix64};
 use mxswitch::runtime::ops::mse_loss;
 use mxswitch::runtime::optim::{AdamW, AdamWConfig};
 use mxswitch::runtime::{Device, Error, Result, Tensor};
-use mxswitch::train::{
-    fit, read_checkpoint, FitOptions, FitSummary, Resume, Step, StepMetrics,
-};
+use mxswitch::train::{fit, read_checkpoint, FitOptions, FitSummary, Resume, Step, StepMetrics};
 
 const IN: usize = 16;
 const WIDTH: usize = 64;
@@ -153,7 +151,10 @@ fn fit_trains_through_the_switch() {
     assert_eq!(calls, want);
 
     let m = &summary.metrics;
-    assert_eq!(m.iter().map(|s| s.iter).collect::<Vec<_>>(), (0..6).collect::<Vec<_>>());
+    assert_eq!(
+        m.iter().map(|s| s.iter).collect::<Vec<_>>(),
+        (0..6).collect::<Vec<_>>()
+    );
     for s in m {
         let recipe = if s.iter < SWITCH { "mxfp4" } else { "fp8" };
         assert_eq!(
@@ -188,7 +189,10 @@ fn fit_trains_through_the_switch() {
     assert_eq!(timeless(&rows), timeless(m));
     assert_eq!(&std::fs::read(&summary.plot).unwrap()[1..4], b"PNG");
     let ckpt = read_checkpoint(&summary.checkpoint, u64::MAX).unwrap();
-    assert_eq!((ckpt.iteration, ckpt.run.as_str()), (6, r#"{"test":"fit"}"#));
+    assert_eq!(
+        (ckpt.iteration, ckpt.run.as_str()),
+        (6, r#"{"test":"fit"}"#)
+    );
 }
 
 /// A run stopped at 4 (past the switch) and resumed to 6 ends where an
@@ -213,7 +217,10 @@ fn a_resumed_fit_continues_bit_identically() {
     assert_eq!(rest.metrics.first().map(|s| s.iter), Some(4));
     assert_eq!(rest.metrics[0].recipe, "fp8");
     assert_eq!(timeless(&rest.metrics), timeless(&full.metrics[4..]));
-    assert_eq!(rest.switches, ["2/2 layers (4/4 linears) now fp8 at iteration 4"]);
+    assert_eq!(
+        rest.switches,
+        ["2/2 layers (4/4 linears) now fp8 at iteration 4"]
+    );
     assert_eq!(bits(&mut rest_net), bits(&mut full_net));
     let rows = std::fs::read_to_string(&rest.metrics_file).unwrap();
     assert_eq!(rows.lines().count(), 6);

@@ -100,7 +100,8 @@ pub struct FitOptions {
     pub progress: bool,
     /// Clip the gradients to this global norm before each update.
     pub clip_norm: Option<f32>,
-    /// Where the model lives: its peak memory goes into the metrics.
+    /// Where the model's parameters live (the caller puts them there): the
+    /// device's peak memory goes into the metrics.
     pub device: Device,
     /// The caller's record of the run, JSON text, stored verbatim in the
     /// checkpoint's metadata `run` ([`Checkpoint::run`] on resume).

@@ -3,13 +3,13 @@
 //!
 //! # The generic loop
 //!
-//! [`fit`] trains a root `#[precision(...)]` model that implements
-//! [`Parameters`](mxswitch_runtime::module::Parameters), with an
-//! [`AdamW`](mxswitch_runtime::optim::AdamW) the caller built, for the
-//! iterations `0..iters` of [`FitOptions`]. The caller writes only the
-//! forward: a closure that gets the model and a [`Step`] (the iteration, and
-//! whether the call is one of warm-up's) and returns the scalar f32 loss.
-//! The loop does the rest, in this order:
+//! [`fit`] trains an allocated root `#[precision(...)]` model (any
+//! [`PrecisionModel`](mxswitch_runtime::plan::PrecisionModel) with
+//! [`Parameters`](mxswitch_runtime::module::Parameters)), with an [`AdamW`]
+//! the caller built, for the iterations `0..iters` of [`FitOptions`]. The
+//! caller writes only the forward: a closure that gets the model and a
+//! [`Step`] (the iteration, and whether the call is one of warm-up's) and
+//! returns the scalar f32 loss. The loop does the rest, in this order:
 //!
 //! 1. it checks the output folder: a previous run there is refused unless
 //!    this one resumes from that folder's checkpoint or `overwrite` is set;
@@ -23,10 +23,11 @@
 //!    clips to `clip_norm` if set and takes the optimizer step, then writes
 //!    a [`StepMetrics`] row to `metrics.jsonl` and advances the progress
 //!    bar;
-//! 5. at the end, or after Ctrl-C (see [`crate::files::interrupt`]) stopped
-//!    it after a step, it draws `loss.png` and writes
-//!    `checkpoint.safetensors`, which stores the caller's JSON
-//!    [`FitOptions::run`] beside the weights and AdamW state.
+//! 5. at the end, or after Ctrl-C stopped it after a step, it draws
+//!    `loss.png` and writes `checkpoint.safetensors`, which stores the
+//!    caller's JSON [`FitOptions::run`] beside the weights and AdamW state.
+//!    (The caller installs the signal handler: [`crate::files::interrupt`]'s
+//!    `install` and `set_graceful(true)`, as `mxswitch train` does.)
 //!
 //! For example, to train a small MLP `Mlp` whose attribute switches from
 //! MXFP4 to FP8 at iteration 30: build it, `allocate` it, make an `AdamW`,
