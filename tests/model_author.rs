@@ -123,7 +123,10 @@ fn allocate_puts_every_linear_in_the_first_phase() {
     let mut model = net();
     assert!(model.recipes().linears.iter().all(|l| l.recipe.is_none()));
     allocate(&mut model, 7).unwrap();
-    assert_eq!(model.blocks[1].fc2.seed, 7, "stochastic rounding takes the run's seed");
+    assert_eq!(
+        model.blocks[1].fc2.seed, 7,
+        "stochastic rounding takes the run's seed"
+    );
     let report = model.recipes();
     assert_eq!(report.linears.len(), 6);
     for l in &report.linears {
