@@ -330,6 +330,46 @@ mod tests {
         assert!(e.to_string().contains("--iters 0"), "{e}");
     }
 
+    /// A checkpoint without tensors whose metadata holds `run` (JSON text)
+    /// at `iteration`.
+    fn checkpoint(run: &str, iteration: u64) -> Checkpoint {
+        let meta = std::collections::HashMap::from([
+            ("iteration".to_string(), iteration.to_string()),
+            ("run".to_string(), run.to_string()),
+            ("adamw.steps".to_string(), r#"{"w": 1}"#.to_string()),
+        ]);
+        let mut bytes = Vec::new();
+        crate::st_file::write(&mut bytes, &[], &meta).unwrap();
+        super::super::parse_checkpoint(&bytes).unwrap()
+    }
+
+    #[test]
+    fn a_checkpoint_record_is_checked_as_a_config_file_is() {
+        let json = serde_json::to_string(&record()).unwrap();
+        let got = RunRecord::from_checkpoint(&checkpoint(&json, 20)).unwrap();
+        assert_eq!(got.config.origin, "the checkpoint's run config");
+        assert_eq!((got.iters, got.switch_at), (20, Some(10)));
+
+        let e = RunRecord::from_checkpoint(&checkpoint(&json, 21)).unwrap_err();
+        assert_eq!(e, "metadata `iteration` 21 is past the run's 20 iterations");
+        let e = RunRecord::from_checkpoint(&checkpoint("{}", 1)).unwrap_err();
+        assert!(
+            e.starts_with("metadata `run` is not a valid run record: "),
+            "{e}"
+        );
+        let mut bad: Value = serde_json::from_str(&json).unwrap();
+        bad["config"]["model"]["mlp_ratio"] = 0.0.into();
+        let e = RunRecord::from_checkpoint(&checkpoint(&bad.to_string(), 1)).unwrap_err();
+        assert!(
+            e.starts_with("metadata `run`: ") && e.contains("mlp_ratio"),
+            "{e}"
+        );
+        let mut bad: Value = serde_json::from_str(&json).unwrap();
+        bad["switch_at"] = 0.into();
+        let e = RunRecord::from_checkpoint(&checkpoint(&bad.to_string(), 1)).unwrap_err();
+        assert!(e.starts_with("metadata `run`: "), "{e}");
+    }
+
     #[test]
     fn differences_are_found_by_path() {
         let a = serde_json::json!({"m": {"x": [1, 2], "y": 3}});
