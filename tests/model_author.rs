@@ -5,6 +5,7 @@
 
 use mxswitch::prelude::*;
 use mxswitch::runtime::plan::PlanLinear;
+use mxswitch::runtime::Param;
 
 const W: usize = 32;
 
@@ -93,7 +94,9 @@ fn input() -> Tensor {
 
 #[test]
 fn a_linear_no_plan_placed_is_an_error_that_names_it() {
-    let lin = QuantLinear::new(W, 4, false);
+    // A linear of its own: allocate gives it weights, but no plan placed it.
+    let mut lin = QuantLinear::new(W, 4, false);
+    allocate(&mut lin, 0).unwrap();
     let e = lin.forward(&Tensor::zeros([2, W], DType::F32, &Device::Cpu).unwrap());
     let msg = e.unwrap_err().to_string();
     assert!(
@@ -107,8 +110,12 @@ fn a_linear_no_plan_placed_is_an_error_that_names_it() {
         model.forward(&x, false),
         Err(Error::NotAllocated { .. })
     ));
-    let mut names = Vec::new();
-    model.visit_params("", &mut |slot| names.push(slot.path));
+    // Weights put in by hand (as a loader would), without `allocate`.
+    model.visit_params("", &mut |slot| {
+        let zeros = Tensor::zeros(slot.shape.clone(), DType::F32, &Device::Cpu).unwrap();
+        *slot.param = Some(Param::new(zeros).unwrap());
+    });
+    let x = Tensor::zeros([2, 2 * W], DType::F32, &Device::Cpu).unwrap();
     let e = model.blocks[1].fc2.forward(&x).unwrap_err();
     assert!(matches!(e, Error::Unplanned { .. }));
     assert!(

@@ -79,11 +79,6 @@ impl QuantLinear {
     /// y = x W^T + b for x [.., in_features], under the current recipe.
     /// y has x's dtype (f32 or BF16 activations).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let Some(recipe) = self.recipe else {
-            return Err(Error::Unplanned {
-                what: self.describe(),
-            });
-        };
         let Some(weight) = &self.params.weight else {
             return Err(Error::NotAllocated {
                 what: self.describe(),
@@ -98,6 +93,11 @@ impl QuantLinear {
                 self.params.out_features
             )));
         }
+        let Some(recipe) = self.recipe else {
+            return Err(Error::Unplanned {
+                what: self.describe(),
+            });
+        };
         let m = x.elem_count() / k;
         self.runs.fetch_add(1, Ordering::Relaxed);
         let op = LinearOp {
