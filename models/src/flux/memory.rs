@@ -24,7 +24,7 @@
 //!   - outside the blocks: the embedders' f32 inputs, the final layer, the
 //!     loss, the batch itself and the synthetic data's class patterns;
 //!   - per block, what a GPU's pool adds by rounding each buffer up to its
-//!     size class: as much again, but at most [`BLOCK_ROUNDING`];
+//!     size class: as much again, but at most `BLOCK_ROUNDING`;
 //!   - working space of one block's backward: six f32 L x L matrices per
 //!     head (softmax's backward holds its incoming gradient, two products
 //!     and its result, then the scaled result and the scores' gradient),

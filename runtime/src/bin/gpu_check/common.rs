@@ -41,7 +41,7 @@ impl Report {
 
 /// Many cases as one check: how many ran and the failures.
 pub struct Cases {
-    /// After the count when all pass: "N <passed>".
+    /// After the count when all pass: `"N <passed>"`.
     passed: String,
     /// After "F of N" when some fail.
     failed: String,
@@ -67,7 +67,7 @@ impl Cases {
         }
     }
 
-    /// "N <passed>" when every case passed, else "F of N <failed>; first:"
+    /// `"N <passed>"` when every case passed, else `"F of N <failed>; first:"`
     /// and the first four failures.
     pub fn result(self) -> CheckResult {
         if self.fails.is_empty() {
