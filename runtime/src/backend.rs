@@ -223,6 +223,61 @@ impl<B> std::ops::Deref for Packed<'_, B> {
     }
 }
 
+/// Sizes of one fused attention: `heads` independent problems (batch times
+/// heads), each q `[l, d]`, k `[s, d]`, v `[s, dv]`, packed row-major.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionShape {
+    /// Independent problems: batch times heads.
+    pub heads: usize,
+    /// Query rows of each problem.
+    pub l: usize,
+    /// Key and value rows of each problem.
+    pub s: usize,
+    /// Width of q and k.
+    pub d: usize,
+    /// Width of v and o.
+    pub dv: usize,
+}
+
+/// What the attention backward reads: the forward's inputs and outputs, packed.
+pub struct AttentionSaved<'a, B> {
+    /// q `[heads, l, d]`.
+    pub q: &'a B,
+    /// k `[heads, s, d]`.
+    pub k: &'a B,
+    /// v `[heads, s, dv]`.
+    pub v: &'a B,
+    /// o `[heads, l, dv]`, in q's dtype.
+    pub o: &'a B,
+    /// The f32 log-sum-exp of each row of the scaled scores, `[heads, l]`.
+    pub lse: &'a B,
+}
+
+/// Fused attention, o = softmax(scale q k^T) v, flash-attention style:
+/// tiles with an online softmax and f32 accumulation, so the `[l, s]` scores
+/// never exist in memory. q, k and v share one dtype (f32 or BF16).
+pub trait AttentionBackend: BackendStorage {
+    /// o `[heads, l, dv]` in the inputs' dtype, and the f32 log-sum-exp
+    /// `[heads, l]` of the scaled scores, the one statistic the backward needs.
+    fn attention_forward(
+        q: &Self,
+        k: &Self,
+        v: &Self,
+        shape: AttentionShape,
+        scale: f32,
+    ) -> Result<(Self, Self)>;
+
+    /// dq, dk and dv in the inputs' dtype from dO (`[heads, l, dv]`, the
+    /// inputs' dtype): the scores are recomputed from q, k and the
+    /// log-sum-exp, with D = rowsum(dO * O).
+    fn attention_backward(
+        saved: AttentionSaved<'_, Self>,
+        d_o: &Self,
+        shape: AttentionShape,
+        scale: f32,
+    ) -> Result<(Self, Self, Self)>;
+}
+
 /// The primitives the quantized linear ([`crate::qlinear`]) runs on. A
 /// backend implements these and knows nothing of recipes: the linear turns
 /// a recipe's [`LinearSpec`](crate::recipe::LinearSpec) into [`Want`]s.

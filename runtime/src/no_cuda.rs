@@ -5,7 +5,8 @@
 //! unchanged (candle's dummy backend does the same).
 
 use crate::backend::{
-    AdamWStep, BackendDevice, BackendStorage, DeviceStatus, LinearBackend, MemoryStats,
+    AdamWStep, AttentionBackend, AttentionSaved, AttentionShape, BackendDevice, BackendStorage,
+    DeviceStatus, LinearBackend, MemoryStats,
     OptimBackend, Quantized, Request,
 };
 use crate::cpu::{CpuOperand, CpuStorage};
@@ -129,6 +130,26 @@ impl LinearBackend for CudaStorage {
     }
     fn operand_to_cpu(_: &CudaDevice, op: &Self::Operand<'_>) -> Result<CpuOperand> {
         match *op {}
+    }
+}
+
+impl AttentionBackend for CudaStorage {
+    fn attention_forward(
+        q: &Self,
+        _: &Self,
+        _: &Self,
+        _: AttentionShape,
+        _: f32,
+    ) -> Result<(Self, Self)> {
+        match *q {}
+    }
+    fn attention_backward(
+        saved: AttentionSaved<'_, Self>,
+        _: &Self,
+        _: AttentionShape,
+        _: f32,
+    ) -> Result<(Self, Self, Self)> {
+        match *saved.q {}
     }
 }
 

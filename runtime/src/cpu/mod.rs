@@ -7,6 +7,7 @@
 //! f32 accumulation.
 
 mod adamw;
+mod attention;
 pub(crate) mod matmul;
 mod operand;
 mod reduce;

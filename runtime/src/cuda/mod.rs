@@ -31,6 +31,7 @@
 
 pub(crate) mod adamw;
 pub mod alloc;
+mod attention;
 pub mod context;
 pub mod gemm;
 pub mod lin_kernels;

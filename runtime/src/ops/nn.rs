@@ -137,24 +137,12 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     y.reshape(Shape::new(dims))
 }
 
-/// softmax(q k^T / sqrt(D)) v for q `[.., L, D]`, k `[.., S, D]`, v `[.., S, Dv]`
-/// (Flux: `[B, H, L, D]`), composed from matmul and softmax. Operands must
-/// share a dtype.
-pub fn scaled_dot_product_attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
-    q.require_rank("attention", 2)?;
-    let d = q.dims()[q.rank() - 1];
-    if k.dims().last() != Some(&d)
-        || k.rank() < 2
-        || v.rank() < 2
-        || k.dims()[k.rank() - 2] != v.dims()[v.rank() - 2]
-    {
-        return Err(Error::Shape(format!(
-            "attention: q {:?}, k {:?}, v {:?} do not fit; expected [.., L, D], [.., S, D], [.., S, Dv]",
-            q.shape(),
-            k.shape(),
-            v.shape()
-        )));
-    }
+/// softmax(q k^T / sqrt(D)) v composed from matmul and softmax: the
+/// `[.., L, S]` scores exist in memory. The reference that the fused
+/// [`scaled_dot_product_attention`](super::scaled_dot_product_attention) is
+/// checked against; shapes as there.
+pub fn attention_unfused(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    let d = super::attention::check_shapes(q, k, v)?.d;
     let scores = q.matmul(&k.t()?)?.mul_scalar(1.0 / (d as f32).sqrt())?;
     scores.softmax_last_dim()?.matmul(v)
 }
