@@ -1,6 +1,11 @@
 //! The ops of [`CudaStorage`] ([`BackendStorage`]): argument checks and the
 //! launches of the `ops_*` kernels (element-wise, row-wise and concat); the
 //! matmul machinery is in `matmul.rs`.
+//!
+//! Element-wise maps, casts and copies run their `*_vec` kernel (VEC
+//! elements a thread, 16-byte accesses, see `ops_elementwise.cu`) when
+//! [`vec_ok`] says every operand allows it, else the generic strided one;
+//! both compute each element with the same expression, so the same bits.
 
 use cudarc::driver::LaunchConfig;
 
@@ -22,6 +27,115 @@ const REDUCE_CHUNK: u64 = 16384;
 
 /// Rows of threads per CTA of `ops_reduce_cols` (COL_GROUPS in ops_rowwise.cu).
 const REDUCE_COL_GROUPS: u32 = 16;
+
+/// Elements a thread of a `*_vec` kernel moves (VEC in ops_elementwise.cu).
+const VEC: usize = 8;
+
+/// Elements a thread of the generic maps takes once a view has several runs
+/// (WALK_EPT in ops_elementwise.cu): one run each is one element a thread.
+const WALK_EPT: u64 = 8;
+
+/// One operand of an element-wise kernel, as [`vec_ok`] checks it: its
+/// coalesced strides (one per dim of the shared coalesced dims), its offset
+/// in elements, and its buffer's address and element size.
+struct VecView<'a> {
+    strides: &'a [usize],
+    offset: usize,
+    base: u64,
+    esize: usize,
+}
+
+/// Whether the `*_vec` kernels may run on operands of the coalesced `dims`:
+/// the innermost dim is a multiple of [`VEC`] unless it is the only one
+/// (the kernels finish a one-run view's last group element by element),
+/// and each operand is packed (stride 1) or broadcast (stride 0) along it;
+/// a packed one must be 16-byte aligned at every group's start, so its
+/// first element and its outer strides are multiples of 16 bytes. The
+/// output is a fresh packed buffer (256-byte aligned by the pool).
+fn vec_ok(dims: &[usize], views: &[VecView]) -> bool {
+    let Some((&inner, outer)) = dims.split_last() else {
+        return false;
+    };
+    if !outer.is_empty() && inner % VEC != 0 {
+        return false;
+    }
+    views.iter().all(|v| match v.strides.split_last() {
+        Some((0, _)) => true,
+        Some((1, outer_strides)) => {
+            (v.base + (v.offset * v.esize) as u64) % 16 == 0
+                && outer_strides.iter().all(|&s| (s * v.esize) % 16 == 0)
+        }
+        _ => false,
+    })
+}
+
+/// Threads of a generic map over `n` elements of views of `rank` coalesced
+/// dims: one element each for one run, [`WALK_EPT`] each otherwise.
+fn walk_threads(n: u64, rank: usize) -> u64 {
+    if rank <= 1 {
+        n
+    } else {
+        n.div_ceil(WALK_EPT)
+    }
+}
+
+impl CudaStorage {
+    /// [`vec_ok`] for this buffer under one coalesced view.
+    fn vec_view<'a>(&self, strides: &'a [usize], offset: usize) -> VecView<'a> {
+        VecView {
+            strides,
+            offset,
+            base: self.buf.ptr(),
+            esize: self.esize(),
+        }
+    }
+
+    /// The kernel view of a one-operand map's input, and whether the
+    /// `*_vec` kernel may read it ([`vec_ok`]).
+    fn map_view(&self, layout: &Layout) -> Result<(Strided, bool)> {
+        let (dims, [strides]) = coalesce(layout.dims(), [layout.strides()]);
+        let vec = vec_ok(&dims, &[self.vec_view(&strides, layout.offset())]);
+        Ok((Strided::new(&dims, &strides, layout.offset())?, vec))
+    }
+
+    /// Places `layout`'s elements into `dst` as [`CudaStorage::place`]
+    /// does, with the `ops_place_*_vec` kernel where the sizes and the
+    /// source allow it.
+    fn place_fast(
+        &self,
+        layout: &Layout,
+        dst: u64,
+        block: usize,
+        row: usize,
+        at: usize,
+    ) -> Result<()> {
+        let n = layout.shape().elem_count();
+        let (dims, [strides]) = coalesce(layout.dims(), [layout.strides()]);
+        let name = match self.esize() {
+            4 => "ops_place_b4_vec",
+            2 => "ops_place_b2_vec",
+            _ => "",
+        };
+        let vec = !name.is_empty()
+            && [n, block, row, at].iter().all(|v| v % VEC == 0)
+            && dst % 16 == 0
+            && strides.last() == Some(&1)
+            && vec_ok(&dims, &[self.vec_view(&strides, layout.offset())]);
+        if n == 0 || !vec {
+            return self.place(layout, dst, block, row, at);
+        }
+        let s = Strided::new(&dims, &strides, layout.offset())?;
+        let (src, n, block, row, at) = (
+            self.buf.ptr(),
+            n as u64,
+            block as u64,
+            row as u64,
+            at as u64,
+        );
+        let cfg = grid(n / VEC as u64);
+        launch!(self.ctx(), name, cfg, &src, &dst, &s, &n, &block, &row, &at)
+    }
+}
 
 fn unary_code(op: UnaryOp) -> i32 {
     match op {
@@ -78,7 +192,7 @@ impl BackendStorage for CudaStorage {
         self.check_layout(layout, "copy_strided")?;
         let n = layout.shape().elem_count();
         let out = self.device.alloc(n, self.dtype)?;
-        self.place(layout, out.buf.ptr(), n.max(1), n.max(1), 0)?;
+        self.place_fast(layout, out.buf.ptr(), n.max(1), n.max(1), 0)?;
         Ok(out)
     }
 
@@ -100,9 +214,26 @@ impl BackendStorage for CudaStorage {
         let n = layout.shape().elem_count();
         let out = self.device.alloc(n, dtype)?;
         if n > 0 {
-            let s = Strided::of(layout)?;
+            let (s, vec) = self.map_view(layout)?;
             let (src, dst, n) = (self.buf.ptr(), out.buf.ptr(), n as u64);
-            launch!(self.ctx(), name, grid(n), &src, &dst, &s, &n)?;
+            if vec {
+                let name = if name == "ops_cast_f32_bf16" {
+                    "ops_cast_f32_bf16_vec"
+                } else {
+                    "ops_cast_bf16_f32_vec"
+                };
+                launch!(
+                    self.ctx(),
+                    name,
+                    grid(n.div_ceil(VEC as u64)),
+                    &src,
+                    &dst,
+                    &s,
+                    &n
+                )?;
+            } else {
+                launch!(self.ctx(), name, grid(n), &src, &dst, &s, &n)?;
+            }
         }
         Ok(out)
     }
@@ -113,10 +244,16 @@ impl BackendStorage for CudaStorage {
         let n = layout.shape().elem_count();
         let out = self.device.alloc(n, self.dtype)?;
         if n > 0 {
-            let s = Strided::of(layout)?;
+            let (s, vec) = self.map_view(layout)?;
             let (src, dst, n, code) = (self.buf.ptr(), out.buf.ptr(), n as u64, unary_code(op));
-            let name = by_dtype(self.dtype, "ops_unary_f32", "ops_unary_bf16");
-            launch!(self.ctx(), name, grid(n), &src, &dst, &s, &n, &code)?;
+            let (name, cfg) = if vec {
+                let name = by_dtype(self.dtype, "ops_unary_f32_vec", "ops_unary_bf16_vec");
+                (name, grid(n.div_ceil(VEC as u64)))
+            } else {
+                let name = by_dtype(self.dtype, "ops_unary_f32", "ops_unary_bf16");
+                (name, grid(walk_threads(n, s.rank as usize)))
+            };
+            launch!(self.ctx(), name, cfg, &src, &dst, &s, &n, &code)?;
         }
         Ok(out)
     }
@@ -127,10 +264,16 @@ impl BackendStorage for CudaStorage {
         let n = layout.shape().elem_count();
         let out = self.device.alloc(n, self.dtype)?;
         if n > 0 {
-            let s = Strided::of(layout)?;
+            let (s, vec) = self.map_view(layout)?;
             let (src, dst, n) = (self.buf.ptr(), out.buf.ptr(), n as u64);
-            let name = by_dtype(self.dtype, "ops_affine_f32", "ops_affine_bf16");
-            launch!(self.ctx(), name, grid(n), &src, &dst, &s, &n, &mul, &add)?;
+            let (name, cfg) = if vec {
+                let name = by_dtype(self.dtype, "ops_affine_f32_vec", "ops_affine_bf16_vec");
+                (name, grid(n.div_ceil(VEC as u64)))
+            } else {
+                let name = by_dtype(self.dtype, "ops_affine_f32", "ops_affine_bf16");
+                (name, grid(walk_threads(n, s.rank as usize)))
+            };
+            launch!(self.ctx(), name, cfg, &src, &dst, &s, &n, &mul, &add)?;
         }
         Ok(out)
     }
@@ -166,6 +309,13 @@ impl BackendStorage for CudaStorage {
         if n > 0 {
             let (dims, [ls, rs]) =
                 coalesce(layout.dims(), [layout.strides(), rhs_layout.strides()]);
+            let vec = vec_ok(
+                &dims,
+                &[
+                    self.vec_view(&ls, layout.offset()),
+                    rhs.vec_view(&rs, rhs_layout.offset()),
+                ],
+            );
             let sa = Strided::new(&dims, &ls, layout.offset())?;
             let sb = Strided::new(&dims, &rs, rhs_layout.offset())?;
             let (a, b, y, n, code) = (
@@ -175,8 +325,14 @@ impl BackendStorage for CudaStorage {
                 n as u64,
                 binary_code(op),
             );
-            let name = by_dtype(self.dtype, "ops_binary_f32", "ops_binary_bf16");
-            launch!(self.ctx(), name, grid(n), &a, &b, &y, &sa, &sb, &n, &code)?;
+            let (name, cfg) = if vec {
+                let name = by_dtype(self.dtype, "ops_binary_f32_vec", "ops_binary_bf16_vec");
+                (name, grid(n.div_ceil(VEC as u64)))
+            } else {
+                let name = by_dtype(self.dtype, "ops_binary_f32", "ops_binary_bf16");
+                (name, grid(walk_threads(n, dims.len())))
+            };
+            launch!(self.ctx(), name, cfg, &a, &b, &y, &sa, &sb, &n, &code)?;
         }
         Ok(out)
     }
@@ -356,7 +512,7 @@ impl BackendStorage for CudaStorage {
         let mut at = 0;
         for ((s, l), &block) in parts.iter().zip(&blocks) {
             if block > 0 {
-                s.place(l, out.buf.ptr(), block, row, at)?;
+                s.place_fast(l, out.buf.ptr(), block, row, at)?;
             }
             at += block;
         }
