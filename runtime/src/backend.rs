@@ -382,3 +382,65 @@ pub trait DeviceStatus: BackendDevice {
     /// The caching allocator's counts since the device was opened.
     fn memory_stats(&self) -> MemoryStats;
 }
+
+/// Sizes of a fused modulation op (`crate::ops::fused`): x `[batch,
+/// tokens, hidden]` and the per-batch vectors (shift, scale, gate)
+/// `[batch, hidden]`, every operand packed, all in one dtype (f32 or BF16).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModShape {
+    /// Independent sequences, each with its own vectors.
+    pub batch: usize,
+    /// Rows of each sequence.
+    pub tokens: usize,
+    /// Row width, the normalized axis.
+    pub hidden: usize,
+}
+
+/// What [`FusedBackend::modulated_norm_backward`] reads from the forward.
+pub struct ModNormSaved<'a, B> {
+    /// The forward's input x `[batch, tokens, hidden]`.
+    pub x: &'a B,
+    /// scale `[batch, hidden]`.
+    pub scale: &'a B,
+    /// fl32 of each row's f64 mean, f32 `[batch * tokens]`.
+    pub mean: &'a B,
+    /// fl32(1 / sqrt(var + eps)) of each row, f32 `[batch * tokens]`.
+    pub rstd: &'a B,
+}
+
+/// The fused element-wise ops of a Flux block, forward and backward: each
+/// reads its inputs once where the unfused composition makes four to ten
+/// passes. Math in f32 (statistics and sums in f64), one rounding to the
+/// output dtype. LN below is LayerNorm without affine weights over the
+/// last axis: y = (x - fl32(mean)) * rstd, as
+/// [`BackendStorage::norm_last_dim`] computes it.
+pub trait FusedBackend: BackendStorage {
+    /// out = LN(x) * (1 + scale) + shift, each row of x with its batch's
+    /// vectors; returns out (x's dtype) and the f32 mean and rstd of each
+    /// row, which the backward reads.
+    fn modulated_norm(
+        x: &Self,
+        shift: &Self,
+        scale: &Self,
+        shape: ModShape,
+        eps: f32,
+    ) -> Result<(Self, Self, Self)>;
+
+    /// (dx, dshift, dscale) from the gradient g of out (x's dtype): with
+    /// y = LN(x) recomputed in f32 and dy = g (1 + scale),
+    /// dx = (dy - mean(dy) - y mean(dy y)) rstd, dshift = the sum of g over
+    /// the tokens of each batch, dscale = the sum of g y.
+    fn modulated_norm_backward(
+        saved: ModNormSaved<'_, Self>,
+        g: &Self,
+        shape: ModShape,
+    ) -> Result<(Self, Self, Self)>;
+
+    /// out = x + gate * y for x and y `[batch, tokens, hidden]`, the gate of
+    /// each row's batch.
+    fn gated_add(x: &Self, gate: &Self, y: &Self, shape: ModShape) -> Result<Self>;
+
+    /// dgate `[batch, hidden]` of [`FusedBackend::gated_add`]: the sum of
+    /// g * y over the tokens of each batch, in g's dtype.
+    fn gated_add_dgate(g: &Self, y: &Self, shape: ModShape) -> Result<Self>;
+}

@@ -170,3 +170,28 @@ impl DeviceStatus for CudaDevice {
         match *self {}
     }
 }
+
+impl crate::backend::FusedBackend for CudaStorage {
+    fn modulated_norm(
+        x: &Self,
+        _: &Self,
+        _: &Self,
+        _: crate::backend::ModShape,
+        _: f32,
+    ) -> Result<(Self, Self, Self)> {
+        match *x {}
+    }
+    fn modulated_norm_backward(
+        saved: crate::backend::ModNormSaved<'_, Self>,
+        _: &Self,
+        _: crate::backend::ModShape,
+    ) -> Result<(Self, Self, Self)> {
+        match *saved.x {}
+    }
+    fn gated_add(x: &Self, _: &Self, _: &Self, _: crate::backend::ModShape) -> Result<Self> {
+        match *x {}
+    }
+    fn gated_add_dgate(g: &Self, _: &Self, _: crate::backend::ModShape) -> Result<Self> {
+        match *g {}
+    }
+}

@@ -8,6 +8,7 @@
 
 mod adamw;
 mod attention;
+mod fused;
 pub(crate) mod matmul;
 mod operand;
 mod reduce;

@@ -41,7 +41,9 @@ pub const OPS: KernelSource = KernelSource {
     body: concat!(
         include_str!("../../kernels/ops_elementwise.cu"),
         "\n#line 1 \"ops_rowwise.cu\"\n",
-        include_str!("../../kernels/ops_rowwise.cu")
+        include_str!("../../kernels/ops_rowwise.cu"),
+        "\n#line 1 \"ops_fused.cu\"\n",
+        include_str!("../../kernels/ops_fused.cu")
     ),
 };
 
@@ -139,6 +141,7 @@ macro_rules! launch {
     };
 }
 
+mod fused;
 mod matmul;
 mod ops;
 

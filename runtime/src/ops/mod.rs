@@ -9,10 +9,12 @@
 
 mod attention;
 pub mod custom;
+mod fused;
 mod math;
 mod nn;
 mod view;
 
 pub use custom::{apply_custom, CustomOp};
 pub use attention::scaled_dot_product_attention;
+pub use fused::{gated_residual, modulated_layer_norm};
 pub use nn::{attention_unfused, linear, mse_loss};

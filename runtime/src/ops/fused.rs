@@ -1,0 +1,248 @@
+//! Fused element-wise ops of the Flux blocks, each one op on the tape with
+//! its own backward ([`FusedBackend`]):
+//!
+//! - [`modulated_layer_norm`]: (1 + scale) * LayerNorm(x) + shift, the
+//!   adaLN modulation (SPEC section 8), one pass where the composition
+//!   `x.layer_norm(eps).mul(&scale.add_scalar(1)).add(&shift)` makes four
+//!   ops forward and about a dozen backward; it keeps x and two f32
+//!   statistics per row where the composition keeps the normalized x.
+//! - [`gated_residual`]: x + gate * y, the gated residual add, one pass
+//!   instead of two, and a backward of one multiply and one fused sum.
+//!
+//! Element math is f32 in the composition's order, so in f32 the outputs
+//! are the composition's bits; in BF16 they are rounded once where the
+//! composition rounds after every op (SPEC allows f32 inside a kernel).
+
+#[allow(unused_imports)] // for the doc links
+use crate::backend::FusedBackend;
+use crate::backend::ModShape;
+use crate::ops::{apply_custom, CustomOp};
+use crate::storage::Storage;
+use crate::{DType, Error, Layout, Result, Shape, Tensor};
+
+/// (1 + scale) * LayerNorm(x) + shift for x `[.., L, H]` and shift, scale
+/// `[.., 1, H]` with the same leading dims (Flux: `[B, L, H]` and
+/// `[B, 1, H]`), one dtype (f32 or BF16). The LayerNorm has no affine
+/// weights and takes mean and variance in f64, as
+/// [`Tensor::layer_norm`] does; the rest is f32 with one rounding.
+pub fn modulated_layer_norm(
+    x: &Tensor,
+    shift: &Tensor,
+    scale: &Tensor,
+    eps: f32,
+) -> Result<Tensor> {
+    let shape = mod_shape(
+        "modulated_layer_norm",
+        x,
+        &[("shift", shift), ("scale", scale)],
+    )?;
+    let op = ModulatedNorm {
+        shape,
+        eps,
+        x_dims: x.shape().clone(),
+        vec_dims: shift.shape().clone(),
+    };
+    Ok(apply_custom(op, &[x, shift, scale])?.remove(0))
+}
+
+/// x + gate * y for x, y `[.., L, H]` and gate `[.., 1, H]` with the same
+/// leading dims (Flux's gated residual add), one dtype (f32 or BF16),
+/// computed in f32 with one rounding.
+pub fn gated_residual(x: &Tensor, gate: &Tensor, y: &Tensor) -> Result<Tensor> {
+    let shape = mod_shape("gated_residual", x, &[("gate", gate)])?;
+    if y.shape() != x.shape() {
+        return Err(Error::Shape(format!(
+            "gated_residual: y {:?} must have x's shape {:?}",
+            y.shape(),
+            x.shape()
+        )));
+    }
+    let op = GatedResidual {
+        shape,
+        x_dims: x.shape().clone(),
+        gate_dims: gate.shape().clone(),
+    };
+    Ok(apply_custom(op, &[x, gate, y])?.remove(0))
+}
+
+/// The sizes of x `[.., L, H]` with per-batch vectors `[.., 1, H]`, or the
+/// error naming the shapes; checks the dtypes too.
+fn mod_shape(op: &str, x: &Tensor, vectors: &[(&str, &Tensor)]) -> Result<ModShape> {
+    let r = x.rank();
+    if r < 2 {
+        return Err(Error::Shape(format!(
+            "{op}: x must be [.., L, H], got {:?}",
+            x.shape()
+        )));
+    }
+    let (lead, tokens, hidden) = (&x.dims()[..r - 2], x.dims()[r - 2], x.dims()[r - 1]);
+    if hidden == 0 {
+        return Err(Error::Shape(format!(
+            "{op}: x {:?} has rows of no elements",
+            x.shape()
+        )));
+    }
+    let mut want = lead.to_vec();
+    want.extend([1, hidden]);
+    for (name, v) in vectors {
+        if v.dims() != want.as_slice() {
+            return Err(Error::Shape(format!(
+                "{op}: {name} {:?} must be {want:?} for x {:?}",
+                v.shape(),
+                x.shape()
+            )));
+        }
+    }
+    for t in std::iter::once(x).chain(vectors.iter().map(|v| v.1)) {
+        if !matches!(t.dtype(), DType::F32 | DType::BF16) {
+            return Err(Error::DType(format!(
+                "{op}: {} operands are not supported; use f32 or bf16",
+                t.dtype()
+            )));
+        }
+    }
+    Ok(ModShape {
+        batch: lead.iter().product(),
+        tokens,
+        hidden,
+    })
+}
+
+fn view(t: &Tensor) -> (&Storage, &Layout) {
+    (t.storage(), t.layout())
+}
+
+/// Bytes of the elements of `ts` (what a saved tensor stands for).
+fn bytes(ts: &[&Tensor]) -> usize {
+    ts.iter()
+        .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+        .sum()
+}
+
+/// One [`modulated_layer_norm`] on the tape.
+struct ModulatedNorm {
+    shape: ModShape,
+    eps: f32,
+    x_dims: Shape,
+    vec_dims: Shape,
+}
+
+/// What its backward reads: x, scale and each row's f32 mean and rstd.
+struct ModNormSaved {
+    x: Tensor,
+    scale: Tensor,
+    mean: Tensor,
+    rstd: Tensor,
+}
+
+impl CustomOp for ModulatedNorm {
+    type Saved = Option<ModNormSaved>;
+
+    fn name(&self) -> &str {
+        "modulated_layer_norm"
+    }
+
+    fn forward(
+        &self,
+        inputs: &[Tensor],
+        needs_backward: bool,
+    ) -> Result<(Vec<Tensor>, Option<ModNormSaved>)> {
+        let (x, shift, scale) = (&inputs[0], &inputs[1], &inputs[2]);
+        let (y, mean, rstd) =
+            Storage::modulated_norm([view(x), view(shift), view(scale)], self.shape, self.eps)?;
+        let rows = Shape::from([self.shape.batch * self.shape.tokens]);
+        let saved = needs_backward.then(|| ModNormSaved {
+            x: x.clone(),
+            scale: scale.clone(),
+            mean: Tensor::untracked(mean, rows.clone()),
+            rstd: Tensor::untracked(rstd, rows),
+        });
+        Ok((vec![Tensor::untracked(y, self.x_dims.clone())], saved))
+    }
+
+    fn saved_bytes(&self, saved: &Option<ModNormSaved>) -> usize {
+        saved
+            .as_ref()
+            .map_or(0, |s| bytes(&[&s.x, &s.scale, &s.mean, &s.rstd]))
+    }
+
+    fn backward(
+        &self,
+        saved: &Option<ModNormSaved>,
+        grads: &[Option<Tensor>],
+    ) -> Result<Vec<Option<Tensor>>> {
+        let (Some(s), Some(g)) = (saved, &grads[0]) else {
+            return Ok(vec![None, None, None]);
+        };
+        let g = g.to_dtype(s.x.dtype())?;
+        let (dx, dshift, dscale) = Storage::modulated_norm_backward(
+            [view(&s.x), view(&s.scale), view(&s.mean), view(&s.rstd)],
+            view(&g),
+            self.shape,
+        )?;
+        Ok(vec![
+            Some(Tensor::untracked(dx, self.x_dims.clone())),
+            Some(Tensor::untracked(dshift, self.vec_dims.clone())),
+            Some(Tensor::untracked(dscale, self.vec_dims.clone())),
+        ])
+    }
+}
+
+/// One [`gated_residual`] on the tape.
+struct GatedResidual {
+    shape: ModShape,
+    x_dims: Shape,
+    gate_dims: Shape,
+}
+
+/// What its backward reads: the gate and y.
+struct GatedSaved {
+    gate: Tensor,
+    y: Tensor,
+}
+
+impl CustomOp for GatedResidual {
+    type Saved = Option<GatedSaved>;
+
+    fn name(&self) -> &str {
+        "gated_residual"
+    }
+
+    fn forward(
+        &self,
+        inputs: &[Tensor],
+        needs_backward: bool,
+    ) -> Result<(Vec<Tensor>, Option<GatedSaved>)> {
+        let (x, gate, y) = (&inputs[0], &inputs[1], &inputs[2]);
+        let out = Storage::gated_add([view(x), view(gate), view(y)], self.shape)?;
+        let saved = needs_backward.then(|| GatedSaved {
+            gate: gate.clone(),
+            y: y.clone(),
+        });
+        Ok((vec![Tensor::untracked(out, self.x_dims.clone())], saved))
+    }
+
+    fn saved_bytes(&self, saved: &Option<GatedSaved>) -> usize {
+        saved.as_ref().map_or(0, |s| bytes(&[&s.gate, &s.y]))
+    }
+
+    /// dx = g, dy = g * gate (the composition's multiply, so its bits),
+    /// dgate = the f64 sum of g * y over each batch's tokens.
+    fn backward(
+        &self,
+        saved: &Option<GatedSaved>,
+        grads: &[Option<Tensor>],
+    ) -> Result<Vec<Option<Tensor>>> {
+        let (Some(s), Some(g)) = (saved, &grads[0]) else {
+            return Ok(vec![None, None, None]);
+        };
+        let g = g.to_dtype(s.y.dtype())?;
+        let dgate = Storage::gated_add_dgate([view(&g), view(&s.y)], self.shape)?;
+        let dy = g.mul(&s.gate)?;
+        Ok(vec![
+            Some(g),
+            Some(Tensor::untracked(dgate, self.gate_dims.clone())),
+            Some(dy),
+        ])
+    }
+}
