@@ -1,0 +1,736 @@
+// Fused attention, flash-attention 2 style, forward and backward: the
+// kernels of the CUDA backend's AttentionBackend (runtime/src/cuda/attention.rs).
+// The CPU reference is runtime/src/cpu/attention.rs.
+//
+// Per head (blockIdx.x = head * tiles + tile), packed row-major: q [L, d],
+// k [S, d], v [S, dv], o and dO [L, dv], lse and D [L] (f32). Scores are
+// t = scale * q.k. The forward keeps a running max m and sum l per row (the
+// online softmax) and writes o = sum_j p_j v_j / l and lse = m + ln l. The
+// backward recomputes p = exp(t - lse) tile by tile, with D = rowsum(dO * o)
+// (attn_dsum): dv = p^T dO, ds = p (dO v^T - D), dq = scale ds k and
+// dk = scale ds^T q. No [L, S] buffer exists in global memory. The backward
+// is a dq pass over query tiles and a dk/dv pass over key tiles, so each
+// output element has one writer: no atomics, the same bits every run.
+//
+// Two families, one math:
+//   attn_{fwd,dq,dkdv}_mma_d{D}: BF16 on tensor cores, d = dv = D. A CTA
+//     is 4 warps; each warp owns 16 rows (query rows in the forward and dq
+//     pass, key rows in the dk/dv pass) and steps over 64 columns at a time.
+//     Operands go global -> shared by async copies into tiles whose rows are
+//     padded by 8 elements (so the 8 rows of an ldmatrix phase fall in 8
+//     different bank groups), shared -> registers by ldmatrix, and scores
+//     stay in MMA accumulators: a pair of m16n8 C fragments is the m16k16 A
+//     fragment of the next product (P V, dS K, ...), so P and dS never go
+//     to memory. Scores are taken to base 2 (exp2 of t log2 e), one multiply
+//     before each exponent. The mma, ldmatrix, async-copy and quad-reduction
+//     primitives come from the shim prepended to this file
+//     (attention_mma_cuda.cuh on CUDA).
+//   attn_{fwd,dq,dkdv}_{f32,bf16}_t{T}: any d, dv <= 256 (T = 32 when both
+//     are <= 128, else 16), f32 FMA on tiles of T rows held in shared memory
+//     as f32; exponents are expf of the CPU's differences.
+//
+// Shared memory is the dynamic attn_smem only, carved as each kernel's
+// comment says; the host sizes it with the same formulas.
+
+#define ATTN_LOG2E 1.4426950408889634f
+#define ATTN_LN2 0.6931471805599453f
+
+extern __shared__ Vec16 attn_smem[];
+
+__device__ __forceinline__ float neg_inf() { return u2f(0xFF800000u); }
+__device__ __forceinline__ float pos_inf() { return u2f(0x7F800000u); }
+
+// ---------------------------------------------------------------------------
+// Tensor-core path (BF16, d = dv = D, D a multiple of 16)
+
+#define MMA_WARPS 4
+#define MMA_THREADS (32 * MMA_WARPS)
+// Rows a CTA owns, 16 per warp.
+#define MMA_ROWS (16 * MMA_WARPS)
+// Columns per step of the inner loop: keys in the forward (MMA_COLS) and
+// the dq pass (DQ_BN), queries in the dk/dv pass (DKDV_BN). The backward
+// holds two score blocks (p and dp) beside its accumulators, so it takes
+// fewer columns at a time: at D = 128 that keeps every kernel within 255
+// registers without spills (ptxas -v: forward 192, dq 186, dk/dv 244).
+#define MMA_COLS 64
+#define DQ_BN 32
+#define DKDV_BN 32
+
+// `rows` rows of a packed [n, W] bf16 matrix from row `row0` into a shared
+// tile of row stride W + 8, by async copies; rows at or past n are zero.
+template <int W>
+__device__ __forceinline__ void tile_load(u16* s, const u16* g, int row0, int rows, int n) {
+    constexpr int CH = W / 8;  // 16-byte chunks per row
+    for (int c = threadIdx.x; c < rows * CH; c += MMA_THREADS) {
+        const int r = c / CH, ch = c % CH;
+        u16* dst = s + r * (W + 8) + ch * 8;
+        if (row0 + r < n) {
+            async_copy_16(dst, g + (u64)(row0 + r) * W + ch * 8);
+        } else {
+            async_zero_16(dst);
+        }
+    }
+}
+
+// Offset of the row this lane addresses when ldmatrix.x4 reads the 16 x 16
+// block at (r0, c0) of a tile of row stride ST as the matrices
+// [rows 0-7 cols 0-7, rows 8-15 cols 0-7, rows 0-7 cols 8-15, rows 8-15 cols 8-15]:
+// an A fragment; or, with .trans, the B fragments of the n-tiles c0 and
+// c0 + 8 (registers 0-1 and 2-3) of a tile stored k x n.
+template <int ST>
+__device__ __forceinline__ int ldm_a(int r0, int c0) {
+    const int lane = threadIdx.x & 31;
+    return (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ST + c0 + (lane >> 4) * 8;
+}
+
+// The same for the matrices
+// [rows 0-7 cols 0-7, rows 0-7 cols 8-15, rows 8-15 cols 0-7, rows 8-15 cols 8-15]:
+// the B fragments of the n-tiles r0 and r0 + 8 (registers 0-1 and 2-3) of a
+// tile stored n x k, k-step c0.
+template <int ST>
+__device__ __forceinline__ int ldm_b(int r0, int c0) {
+    const int lane = threadIdx.x & 31;
+    return (r0 + (lane & 7) + (lane >> 4) * 8) * ST + c0 + ((lane >> 3) & 1) * 8;
+}
+
+// acc[NT][4] += A B^T summed over k < W, for the NT * 8 rows of tile b
+// (stored n x k: keys against queries, or the reverse), the A fragments
+// given per k-step.
+template <int W, int NT>
+__device__ __forceinline__ void mma_abt_frags(float acc[][4], const u32 af[][4], const u16* b) {
+#pragma unroll
+    for (int kk = 0; kk < W / 16; ++kk) {
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+            u32 bf[4];
+            ldmatrix_x4(bf, b + ldm_b<W + 8>(np * 16, kk * 16));
+            mma_bf16_16x8x16(acc[2 * np], af[kk], bf);
+            mma_bf16_16x8x16(acc[2 * np + 1], af[kk], bf + 2);
+        }
+    }
+}
+
+// acc[NT][4] += A B^T summed over k < W: A = the 16 rows of tile a from row
+// r0, B = the NT * 8 rows of tile b (both of row stride W + 8).
+template <int W, int NT>
+__device__ __forceinline__ void mma_abt(float acc[][4], const u16* a, int r0, const u16* b) {
+#pragma unroll
+    for (int kk = 0; kk < W / 16; ++kk) {
+        u32 af[1][4];
+        ldmatrix_x4(af[0], a + ldm_a<W + 8>(r0, kk * 16));
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+            u32 bf[4];
+            ldmatrix_x4(bf, b + ldm_b<W + 8>(np * 16, kk * 16));
+            mma_bf16_16x8x16(acc[2 * np], af[0], bf);
+            mma_bf16_16x8x16(acc[2 * np + 1], af[0], bf + 2);
+        }
+    }
+}
+
+// acc[W / 8][4] += P B: P = a warp's 16 x 16 NK values held as 2 NK C
+// fragments (f32, rounded to bf16 here), B = the first 16 NK rows of tile b
+// stored k x n (n = W, row stride W + 8), read transposed.
+template <int NK, int W>
+__device__ __forceinline__ void mma_pb(float acc[][4], const float p[][4], const u16* b) {
+#pragma unroll
+    for (int kk = 0; kk < NK; ++kk) {
+        // C fragments 2 kk and 2 kk + 1 are the A fragment of k-step kk.
+        const u32 af[4] = {pack_bf16x2(p[2 * kk][0], p[2 * kk][1]), pack_bf16x2(p[2 * kk][2], p[2 * kk][3]),
+                           pack_bf16x2(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                           pack_bf16x2(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+        for (int np = 0; np < W / 16; ++np) {
+            u32 bf[4];
+            ldmatrix_x4_trans(bf, b + ldm_a<W + 8>(kk * 16, np * 16));
+            mma_bf16_16x8x16(acc[2 * np], af, bf);
+            mma_bf16_16x8x16(acc[2 * np + 1], af, bf + 2);
+        }
+    }
+}
+
+template <int N>
+__device__ __forceinline__ void zero_frags(float a[][4]) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) a[j][0] = a[j][1] = a[j][2] = a[j][3] = 0.0f;
+}
+
+// Rows `row0` and `row0 + 8` (C fragment rows g and g + 8) of acc times
+// `mul`, as bf16 into a packed [n, W] matrix; rows at or past n are skipped.
+template <int W>
+__device__ __forceinline__ void store_frags(u16* out, const float acc[][4], int row0, int n, float mul0, float mul1) {
+    const int t = threadIdx.x & 3;
+#pragma unroll
+    for (int j = 0; j < W / 8; ++j) {
+        const int col = j * 8 + 2 * t;
+        if (row0 < n) *(u32*)(out + (u64)row0 * W + col) = pack_bf16x2(acc[j][0] * mul0, acc[j][1] * mul0);
+        if (row0 + 8 < n) *(u32*)(out + (u64)(row0 + 8) * W + col) = pack_bf16x2(acc[j][2] * mul1, acc[j][3] * mul1);
+    }
+}
+
+// Forward: one CTA per 64 query rows, over every key block. Shared: the K
+// and V tiles [64][D + 8] (2 x 64 (D + 8) bf16); the Q tile is staged in
+// the same space first, each warp keeping its 16 rows of Q in registers as
+// A fragments. V's copy overlaps the scores, the next K's overlaps P V.
+template <int D>
+__device__ __forceinline__ void attn_fwd_mma(const u16* q, const u16* k, const u16* v, u16* o, float* lse, int L,
+                                             int S, float scale) {
+    constexpr int ST = D + 8, NT = MMA_COLS / 8;
+    u16* sK = (u16*)attn_smem;
+    u16* sV = sK + MMA_COLS * ST;
+    u16* sQ = sK;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
+    const int tiles = (L + MMA_ROWS - 1) / MMA_ROWS;
+    const u64 head = blockIdx.x / tiles;
+    const int q0 = (blockIdx.x % tiles) * MMA_ROWS;
+    q += head * L * D;
+    k += head * S * D;
+    v += head * S * D;
+    o += head * L * D;
+    lse += head * L;
+
+    tile_load<D>(sQ, q, q0, MMA_ROWS, L);
+    async_commit();
+    async_wait_all();
+    __syncthreads();
+    u32 qf[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[kk], sQ + ldm_a<ST>(warp * 16, kk * 16));
+    __syncthreads();  // K and V overwrite the Q tile
+    tile_load<D>(sK, k, 0, MMA_COLS, S);
+    async_commit();
+
+    float acc[D / 8][4];
+    zero_frags<D / 8>(acc);
+    // Rows g and g + 8 of this warp: running max (base 2) and this lane's
+    // part of the running sum (the quad's parts are added at the end).
+    float m0 = neg_inf(), m1 = neg_inf(), l0 = 0.0f, l1 = 0.0f;
+    const float c = scale * ATTN_LOG2E;
+    const int blocks = (S + MMA_COLS - 1) / MMA_COLS;
+    async_wait_all();
+    __syncthreads();
+    for (int kb = 0; kb < blocks; ++kb) {
+        const int k0 = kb * MMA_COLS;
+        tile_load<D>(sV, v, k0, MMA_COLS, S);
+        async_commit();
+        float s[NT][4];
+        zero_frags<NT>(s);
+        mma_abt_frags<D, NT>(s, qf, sK);
+        // t log2 e; keys at or past S drop out.
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[j][e] = k0 + j * 8 + 2 * t + (e & 1) < S ? s[j][e] * c : neg_inf();
+        }
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+        }
+        mx0 = quad_max(mx0);
+        mx1 = quad_max(mx1);
+        // The first block has a key, so mx is finite and corr of -inf is 0.
+        const float corr0 = exp2f(m0 - mx0), corr1 = exp2f(m1 - mx1);
+        m0 = mx0;
+        m1 = mx1;
+        float r0 = 0.0f, r1 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            s[j][0] = exp2f(s[j][0] - mx0);
+            s[j][1] = exp2f(s[j][1] - mx0);
+            s[j][2] = exp2f(s[j][2] - mx1);
+            s[j][3] = exp2f(s[j][3] - mx1);
+            r0 += s[j][0] + s[j][1];
+            r1 += s[j][2] + s[j][3];
+        }
+        l0 = l0 * corr0 + r0;
+        l1 = l1 * corr1 + r1;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            acc[j][0] *= corr0;
+            acc[j][1] *= corr0;
+            acc[j][2] *= corr1;
+            acc[j][3] *= corr1;
+        }
+        async_wait_all();
+        __syncthreads();  // V is in; every warp is done with K
+        if (kb + 1 < blocks) tile_load<D>(sK, k, k0 + MMA_COLS, MMA_COLS, S);
+        async_commit();
+        mma_pb<MMA_COLS / 16, D>(acc, s, sV);
+        async_wait_all();
+        __syncthreads();  // the next K is in; every warp is done with V
+    }
+    l0 = quad_sum(l0);
+    l1 = quad_sum(l1);
+    const int row0 = q0 + warp * 16 + (lane >> 2);
+    store_frags<D>(o, acc, row0, L, 1.0f / l0, 1.0f / l1);
+    if (t == 0) {
+        if (row0 < L) lse[row0] = (m0 + log2f(l0)) * ATTN_LN2;
+        if (row0 + 8 < L) lse[row0 + 8] = (m1 + log2f(l1)) * ATTN_LN2;
+    }
+}
+
+// dq pass: one CTA per 64 query rows, over every block of BN keys. Shared:
+// the Q and dO tiles [64][D + 8], then two buffers of K and V tiles
+// [BN][D + 8] ((2 x 64 + 4 BN) (D + 8) bf16): the next block's copies
+// overlap this block's math.
+template <int D, int BN>
+__device__ __forceinline__ void attn_dq_mma(const u16* q, const u16* k, const u16* v, const u16* d_o, const float* lse,
+                                            const float* dsum, u16* dq, int L, int S, float scale) {
+    constexpr int ST = D + 8, NT = BN / 8, QT = MMA_ROWS * ST, KT = BN * ST;
+    u16* sQ = (u16*)attn_smem;
+    u16* sdO = sQ + QT;
+    u16* sKV = sdO + QT;  // buffer b: K at sKV + 2 b KT, V after it
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
+    const int tiles = (L + MMA_ROWS - 1) / MMA_ROWS;
+    const u64 head = blockIdx.x / tiles;
+    const int q0 = (blockIdx.x % tiles) * MMA_ROWS;
+    q += head * L * D;
+    k += head * S * D;
+    v += head * S * D;
+    d_o += head * L * D;
+    dq += head * L * D;
+    lse += head * L;
+    dsum += head * L;
+
+    tile_load<D>(sQ, q, q0, MMA_ROWS, L);
+    tile_load<D>(sdO, d_o, q0, MMA_ROWS, L);
+    tile_load<D>(sKV, k, 0, BN, S);
+    tile_load<D>(sKV + KT, v, 0, BN, S);
+    async_commit();
+    const int row0 = q0 + warp * 16 + (lane >> 2), row1 = row0 + 8;
+    // Padding rows get finite statistics: their dO is 0, so their ds is 0.
+    const float lse0 = row0 < L ? lse[row0] * ATTN_LOG2E : 0.0f;
+    const float lse1 = row1 < L ? lse[row1] * ATTN_LOG2E : 0.0f;
+    const float d0 = row0 < L ? dsum[row0] : 0.0f, d1 = row1 < L ? dsum[row1] : 0.0f;
+    const float c = scale * ATTN_LOG2E;
+    float acc[D / 8][4];
+    zero_frags<D / 8>(acc);
+    const int blocks = (S + BN - 1) / BN;
+    for (int kb = 0; kb < blocks; ++kb) {
+        const int k0 = kb * BN;
+        if (kb + 1 < blocks) {
+            u16* next = sKV + ((kb + 1) & 1) * 2 * KT;
+            tile_load<D>(next, k, k0 + BN, BN, S);
+            tile_load<D>(next + KT, v, k0 + BN, BN, S);
+        }
+        async_commit();
+        async_wait_all_but_last();
+        __syncthreads();  // this block's K and V (and Q, dO) are in
+        const u16* cK = sKV + (kb & 1) * 2 * KT;
+        const u16* cV = cK + KT;
+        float s[NT][4], dp[NT][4];
+        zero_frags<NT>(s);
+        zero_frags<NT>(dp);
+        mma_abt<D, NT>(s, sQ, warp * 16, cK);
+        mma_abt<D, NT>(dp, sdO, warp * 16, cV);
+        // ds = p (dp - D), p = 0 for keys at or past S.
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float lr = e < 2 ? lse0 : lse1, dr = e < 2 ? d0 : d1;
+                const float p = k0 + j * 8 + 2 * t + (e & 1) < S ? exp2f(fmaf(s[j][e], c, -lr)) : 0.0f;
+                s[j][e] = p * (dp[j][e] - dr);
+            }
+        }
+        mma_pb<BN / 16, D>(acc, s, cK);  // dq += ds k
+        __syncthreads();  // every warp is done with this buffer before it is refilled
+    }
+    store_frags<D>(dq, acc, row0, L, scale, scale);
+}
+
+// dk/dv pass: one CTA per 64 key rows, over every block of BN queries.
+// Shared: the K and V tiles [64][D + 8], then two buffers of Q and dO tiles
+// [BN][D + 8], then two buffers of lse log2 e and D [BN] f32 each
+// ((2 x 64 + 4 BN) (D + 8) bf16 + 4 BN f32). The scores are transposed:
+// each warp's rows are keys, its columns queries.
+template <int D, int BN>
+__device__ __forceinline__ void attn_dkdv_mma(const u16* q, const u16* k, const u16* v, const u16* d_o,
+                                              const float* lse, const float* dsum, u16* dk, u16* dv, int L, int S,
+                                              float scale) {
+    constexpr int ST = D + 8, NT = BN / 8, KT = MMA_ROWS * ST, QT = BN * ST;
+    u16* sK = (u16*)attn_smem;
+    u16* sV = sK + KT;
+    u16* sQdO = sV + KT;                      // buffer b: Q at sQdO + 2 b QT, dO after it
+    float* sStat = (float*)(sQdO + 4 * QT);  // buffer b: lse log2 e at sStat + 2 b BN, D after it
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
+    const int tiles = (S + MMA_ROWS - 1) / MMA_ROWS;
+    const u64 head = blockIdx.x / tiles;
+    const int k0 = (blockIdx.x % tiles) * MMA_ROWS;
+    q += head * L * D;
+    k += head * S * D;
+    v += head * S * D;
+    d_o += head * L * D;
+    dk += head * S * D;
+    dv += head * S * D;
+    lse += head * L;
+    dsum += head * L;
+
+    tile_load<D>(sK, k, k0, MMA_ROWS, S);
+    tile_load<D>(sV, v, k0, MMA_ROWS, S);
+    const int blocks = (L + BN - 1) / BN;
+    // Query block qb into buffer b. Padding queries get lse = +inf, so p = 0.
+    auto stage = [&](int b, int qb) {
+        const int first = qb * BN;
+        tile_load<D>(sQdO + 2 * b * QT, q, first, BN, L);
+        tile_load<D>(sQdO + (2 * b + 1) * QT, d_o, first, BN, L);
+        for (int i = threadIdx.x; i < BN; i += MMA_THREADS) {
+            const int r = first + i;
+            sStat[2 * BN * b + i] = r < L ? lse[r] * ATTN_LOG2E : pos_inf();
+            sStat[2 * BN * b + BN + i] = r < L ? dsum[r] : 0.0f;
+        }
+    };
+    if (blocks > 0) stage(0, 0);
+    async_commit();
+    const float c = scale * ATTN_LOG2E;
+    float adk[D / 8][4], adv[D / 8][4];
+    zero_frags<D / 8>(adk);
+    zero_frags<D / 8>(adv);
+    for (int qb = 0; qb < blocks; ++qb) {
+        if (qb + 1 < blocks) stage((qb + 1) & 1, qb + 1);
+        async_commit();
+        async_wait_all_but_last();
+        __syncthreads();  // this block's Q, dO and statistics (and K, V) are in
+        const u16* cQ = sQdO + 2 * (qb & 1) * QT;
+        const u16* cdO = cQ + QT;
+        const float* cL = sStat + 2 * BN * (qb & 1);
+        const float* cD = cL + BN;
+        float s[NT][4];
+        zero_frags<NT>(s);
+        mma_abt<D, NT>(s, sK, warp * 16, cQ);
+        // p^T; fragment columns 2t and 2t + 1 of n-tile j are queries 8j + 2t (+1).
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const float la = cL[8 * j + 2 * t], lb = cL[8 * j + 2 * t + 1];
+            s[j][0] = exp2f(fmaf(s[j][0], c, -la));
+            s[j][1] = exp2f(fmaf(s[j][1], c, -lb));
+            s[j][2] = exp2f(fmaf(s[j][2], c, -la));
+            s[j][3] = exp2f(fmaf(s[j][3], c, -lb));
+        }
+        mma_pb<BN / 16, D>(adv, s, cdO);  // dv += p^T dO
+        float dp[NT][4];
+        zero_frags<NT>(dp);
+        mma_abt<D, NT>(dp, sV, warp * 16, cdO);  // dp^T = v dO^T
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const float da = cD[8 * j + 2 * t], db = cD[8 * j + 2 * t + 1];
+            dp[j][0] = s[j][0] * (dp[j][0] - da);
+            dp[j][1] = s[j][1] * (dp[j][1] - db);
+            dp[j][2] = s[j][2] * (dp[j][2] - da);
+            dp[j][3] = s[j][3] * (dp[j][3] - db);
+        }
+        mma_pb<BN / 16, D>(adk, dp, cQ);  // dk += ds^T q
+        __syncthreads();  // every warp is done with this buffer before it is refilled
+    }
+    async_wait_all();  // with no query block, K and V may still be landing
+    const int row0 = k0 + warp * 16 + (lane >> 2);
+    store_frags<D>(dk, adk, row0, S, scale, scale);
+    store_frags<D>(dv, adv, row0, S, 1.0f, 1.0f);
+}
+
+#define ATTN_MMA_KERNELS(D)                                                                                           \
+    extern "C" __global__ void __launch_bounds__(MMA_THREADS)                                                         \
+        attn_fwd_mma_d##D(const u16* q, const u16* k, const u16* v, u16* o, float* lse, int L, int S, float scale) {  \
+        attn_fwd_mma<D>(q, k, v, o, lse, L, S, scale);                                                                \
+    }                                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(MMA_THREADS)                                                         \
+        attn_dq_mma_d##D(const u16* q, const u16* k, const u16* v, const u16* d_o, const float* lse,                  \
+                         const float* dsum, u16* dq, int L, int S, float scale) {                                     \
+        attn_dq_mma<D, DQ_BN>(q, k, v, d_o, lse, dsum, dq, L, S, scale);                                                     \
+    }                                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(MMA_THREADS)                                                         \
+        attn_dkdv_mma_d##D(const u16* q, const u16* k, const u16* v, const u16* d_o, const float* lse,                \
+                           const float* dsum, u16* dk, u16* dv, int L, int S, float scale) {                          \
+        attn_dkdv_mma<D, DKDV_BN>(q, k, v, d_o, lse, dsum, dk, dv, L, S, scale);                                               \
+    }
+
+ATTN_MMA_KERNELS(32)
+ATTN_MMA_KERNELS(64)
+ATTN_MMA_KERNELS(128)
+
+// ---------------------------------------------------------------------------
+// D = rowsum(dO * o), f32, summed in order along the row like the CPU
+// (--fmad=false keeps each product rounded). One thread per row.
+
+template <class In>
+__device__ __forceinline__ void attn_dsum(const void* o, const void* d_o, float* dsum, u64 rows, int dv) {
+    const u64 r = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    float acc = 0.0f;
+    for (int j = 0; j < dv; ++j) acc += In::load(o, r * dv + j) * In::load(d_o, r * dv + j);
+    dsum[r] = acc;
+}
+
+extern "C" __global__ void attn_dsum_f32(const void* o, const void* d_o, float* dsum, u64 rows, int dv) {
+    attn_dsum<InF32>(o, d_o, dsum, rows, dv);
+}
+
+extern "C" __global__ void attn_dsum_bf16(const void* o, const void* d_o, float* dsum, u64 rows, int dv) {
+    attn_dsum<InBF16>(o, d_o, dsum, rows, dv);
+}
+
+// ---------------------------------------------------------------------------
+// Scalar path: f32 or BF16 operands, any d, dv <= 256, T x T tiles, 256
+// threads. Thread i owns row i / (256 / T) of the tile and its columns
+// i % (256 / T) + (256 / T) u: T / (256 / T) scores, and up to 16 output
+// columns (d or dv <= 16 (256 / T)). Shared tiles are f32 with rows padded
+// by one element against bank conflicts.
+
+#define SC_THREADS 256
+#define SC_MAXU 16
+
+template <class In>
+__device__ __forceinline__ void store_as(void* p, u64 i, float x);
+template <>
+__device__ __forceinline__ void store_as<InF32>(void* p, u64 i, float x) {
+    ((float*)p)[i] = x;
+}
+template <>
+__device__ __forceinline__ void store_as<InBF16>(void* p, u64 i, float x) {
+    ((u16*)p)[i] = bf16_from_f32(x);
+}
+
+// `rows` rows of a packed [n, w] matrix (element `base` is its first) from
+// row `row0`, as f32 into a shared tile of row stride w + 1; rows at or past
+// n are zero.
+template <class In>
+__device__ __forceinline__ void sc_tile_load(float* s, const void* g, u64 base, int row0, int rows, int n, int w) {
+    for (int i = threadIdx.x; i < rows * w; i += SC_THREADS) {
+        const int r = i / w, col = i % w;
+        s[r * (w + 1) + col] = row0 + r < n ? In::load(g, base + (u64)(row0 + r) * w + col) : 0.0f;
+    }
+}
+
+// sum over x < n of a[x] b[x], two shared rows.
+__device__ __forceinline__ float sc_dot(const float* a, const float* b, int n) {
+    float acc = 0.0f;
+    for (int x = 0; x < n; ++x) acc = fmaf(a[x], b[x], acc);
+    return acc;
+}
+
+// Forward: one CTA per T query rows. Shared: Q [T][d+1], K [T][d+1],
+// V [T][dv+1], P [T][T+1], then m, l and the correction [T] each.
+template <class In, int T>
+__device__ __forceinline__ void attn_fwd_sc(const void* q, const void* k, const void* v, void* o, float* lse, int L,
+                                            int S, int d, int dv, float scale) {
+    constexpr int TPR = SC_THREADS / T, SPT = T / TPR;
+    float* sQ = (float*)attn_smem;
+    float* sK = sQ + T * (d + 1);
+    float* sV = sK + T * (d + 1);
+    float* sP = sV + T * (dv + 1);
+    float* sM = sP + T * (T + 1);
+    float* sL = sM + T;
+    float* sC = sL + T;
+    const int tiles = (L + T - 1) / T;
+    const u64 head = blockIdx.x / tiles;
+    const int q0 = (blockIdx.x % tiles) * T;
+    const int r = threadIdx.x / TPR, cl = threadIdx.x % TPR;
+    sc_tile_load<In>(sQ, q, head * L * d, q0, T, L, d);
+    if (threadIdx.x < T) {
+        sM[threadIdx.x] = neg_inf();
+        sL[threadIdx.x] = 0.0f;
+    }
+    float acc[SC_MAXU];
+#pragma unroll
+    for (int u = 0; u < SC_MAXU; ++u) acc[u] = 0.0f;
+    for (int k0 = 0; k0 < S; k0 += T) {
+        __syncthreads();  // every thread is done with the previous K, V and P
+        sc_tile_load<In>(sK, k, head * S * d, k0, T, S, d);
+        sc_tile_load<In>(sV, v, head * S * dv, k0, T, S, dv);
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < SPT; ++i) {
+            const int cc = cl + TPR * i;
+            const float x = sc_dot(sQ + r * (d + 1), sK + cc * (d + 1), d) * scale;
+            sP[r * (T + 1) + cc] = k0 + cc < S ? x : neg_inf();
+        }
+        __syncthreads();
+        if (threadIdx.x < T) {
+            float* row = sP + threadIdx.x * (T + 1);
+            const float m_old = sM[threadIdx.x];
+            float mx = m_old;
+            for (int cc = 0; cc < T; ++cc) mx = fmaxf(mx, row[cc]);
+            float sum = 0.0f;
+            for (int cc = 0; cc < T; ++cc) {
+                row[cc] = expf(row[cc] - mx);
+                sum += row[cc];
+            }
+            const float corr = expf(m_old - mx);
+            sL[threadIdx.x] = sL[threadIdx.x] * corr + sum;
+            sM[threadIdx.x] = mx;
+            sC[threadIdx.x] = corr;
+        }
+        __syncthreads();
+        const float corr = sC[r];
+#pragma unroll
+        for (int u = 0; u < SC_MAXU; ++u) acc[u] *= corr;
+        for (int cc = 0; cc < T; ++cc) {
+            const float p = sP[r * (T + 1) + cc];
+            const float* vr = sV + cc * (dv + 1);
+#pragma unroll
+            for (int u = 0; u < SC_MAXU; ++u) {
+                const int j = cl + TPR * u;
+                if (j < dv) acc[u] = fmaf(p, vr[j], acc[u]);
+            }
+        }
+    }
+    const int row = q0 + r;
+    if (row < L) {
+        const float inv = 1.0f / sL[r];
+#pragma unroll
+        for (int u = 0; u < SC_MAXU; ++u) {
+            const int j = cl + TPR * u;
+            if (j < dv) store_as<In>(o, (head * L + row) * dv + j, acc[u] * inv);
+        }
+        if (cl == 0) lse[head * L + row] = sM[r] + logf(sL[r]);
+    }
+}
+
+// dq pass: one CTA per T query rows. Shared: Q [T][d+1], dO [T][dv+1],
+// K [T][d+1], V [T][dv+1], dS [T][T+1].
+template <class In, int T>
+__device__ __forceinline__ void attn_dq_sc(const void* q, const void* k, const void* v, const void* d_o,
+                                           const float* lse, const float* dsum, void* dq, int L, int S, int d, int dv,
+                                           float scale) {
+    constexpr int TPR = SC_THREADS / T, SPT = T / TPR;
+    float* sQ = (float*)attn_smem;
+    float* sdO = sQ + T * (d + 1);
+    float* sK = sdO + T * (dv + 1);
+    float* sV = sK + T * (d + 1);
+    float* sS = sV + T * (dv + 1);
+    const int tiles = (L + T - 1) / T;
+    const u64 head = blockIdx.x / tiles;
+    const int q0 = (blockIdx.x % tiles) * T;
+    const int r = threadIdx.x / TPR, cl = threadIdx.x % TPR;
+    const int row = q0 + r;
+    sc_tile_load<In>(sQ, q, head * L * d, q0, T, L, d);
+    sc_tile_load<In>(sdO, d_o, head * L * dv, q0, T, L, dv);
+    const float lr = row < L ? lse[head * L + row] : 0.0f, dr = row < L ? dsum[head * L + row] : 0.0f;
+    float acc[SC_MAXU];
+#pragma unroll
+    for (int u = 0; u < SC_MAXU; ++u) acc[u] = 0.0f;
+    for (int k0 = 0; k0 < S; k0 += T) {
+        __syncthreads();  // every thread is done with the previous K and dS
+        sc_tile_load<In>(sK, k, head * S * d, k0, T, S, d);
+        sc_tile_load<In>(sV, v, head * S * dv, k0, T, S, dv);
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < SPT; ++i) {
+            const int cc = cl + TPR * i;
+            const float x = sc_dot(sQ + r * (d + 1), sK + cc * (d + 1), d) * scale;
+            const float dp = sc_dot(sdO + r * (dv + 1), sV + cc * (dv + 1), dv);
+            const float p = k0 + cc < S ? expf(x - lr) : 0.0f;
+            sS[r * (T + 1) + cc] = p * (dp - dr);
+        }
+        __syncthreads();
+        for (int cc = 0; cc < T; ++cc) {
+            const float ds = sS[r * (T + 1) + cc];
+            const float* kr = sK + cc * (d + 1);
+#pragma unroll
+            for (int u = 0; u < SC_MAXU; ++u) {
+                const int x = cl + TPR * u;
+                if (x < d) acc[u] = fmaf(ds, kr[x], acc[u]);
+            }
+        }
+    }
+    if (row < L) {
+#pragma unroll
+        for (int u = 0; u < SC_MAXU; ++u) {
+            const int x = cl + TPR * u;
+            if (x < d) store_as<In>(dq, (head * L + row) * d + x, acc[u] * scale);
+        }
+    }
+}
+
+// dk/dv pass: one CTA per T key rows. Shared: K [T][d+1], V [T][dv+1],
+// Q [T][d+1], dO [T][dv+1], P^T [T][T+1], dS^T [T][T+1], then lse and D [T].
+template <class In, int T>
+__device__ __forceinline__ void attn_dkdv_sc(const void* q, const void* k, const void* v, const void* d_o,
+                                             const float* lse, const float* dsum, void* dk, void* dv_out, int L,
+                                             int S, int d, int dv, float scale) {
+    constexpr int TPR = SC_THREADS / T, SPT = T / TPR;
+    float* sK = (float*)attn_smem;
+    float* sV = sK + T * (d + 1);
+    float* sQ = sV + T * (dv + 1);
+    float* sdO = sQ + T * (d + 1);
+    float* sP = sdO + T * (dv + 1);
+    float* sS = sP + T * (T + 1);
+    float* sLse = sS + T * (T + 1);
+    float* sD = sLse + T;
+    const int tiles = (S + T - 1) / T;
+    const u64 head = blockIdx.x / tiles;
+    const int k0 = (blockIdx.x % tiles) * T;
+    const int r = threadIdx.x / TPR, cl = threadIdx.x % TPR;
+    sc_tile_load<In>(sK, k, head * S * d, k0, T, S, d);
+    sc_tile_load<In>(sV, v, head * S * dv, k0, T, S, dv);
+    float adk[SC_MAXU], adv[SC_MAXU];
+#pragma unroll
+    for (int u = 0; u < SC_MAXU; ++u) adk[u] = adv[u] = 0.0f;
+    for (int q0 = 0; q0 < L; q0 += T) {
+        __syncthreads();  // every thread is done with the previous Q, dO, P and dS
+        sc_tile_load<In>(sQ, q, head * L * d, q0, T, L, d);
+        sc_tile_load<In>(sdO, d_o, head * L * dv, q0, T, L, dv);
+        if (threadIdx.x < T) {
+            // Padding queries get lse = +inf, so p = 0.
+            const int qr = q0 + threadIdx.x;
+            sLse[threadIdx.x] = qr < L ? lse[head * L + qr] : pos_inf();
+            sD[threadIdx.x] = qr < L ? dsum[head * L + qr] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < SPT; ++i) {
+            const int qc = cl + TPR * i;
+            const float x = sc_dot(sK + r * (d + 1), sQ + qc * (d + 1), d) * scale;
+            const float dp = sc_dot(sV + r * (dv + 1), sdO + qc * (dv + 1), dv);
+            const float p = expf(x - sLse[qc]);
+            sP[r * (T + 1) + qc] = p;
+            sS[r * (T + 1) + qc] = p * (dp - sD[qc]);
+        }
+        __syncthreads();
+        for (int qc = 0; qc < T; ++qc) {
+            const float p = sP[r * (T + 1) + qc], ds = sS[r * (T + 1) + qc];
+            const float* qrow = sQ + qc * (d + 1);
+            const float* grow = sdO + qc * (dv + 1);
+#pragma unroll
+            for (int u = 0; u < SC_MAXU; ++u) {
+                const int x = cl + TPR * u;
+                if (x < dv) adv[u] = fmaf(p, grow[x], adv[u]);
+                if (x < d) adk[u] = fmaf(ds, qrow[x], adk[u]);
+            }
+        }
+    }
+    const int key = k0 + r;
+    if (key < S) {
+#pragma unroll
+        for (int u = 0; u < SC_MAXU; ++u) {
+            const int x = cl + TPR * u;
+            if (x < d) store_as<In>(dk, (head * S + key) * d + x, adk[u] * scale);
+            if (x < dv) store_as<In>(dv_out, (head * S + key) * dv + x, adv[u]);
+        }
+    }
+}
+
+#define ATTN_SCALAR_KERNELS(NAME, IN, T)                                                                              \
+    extern "C" __global__ void __launch_bounds__(SC_THREADS)                                                          \
+        attn_fwd_##NAME##_t##T(const void* q, const void* k, const void* v, void* o, float* lse, int L, int S, int d, \
+                               int dv, float scale) {                                                                 \
+        attn_fwd_sc<IN, T>(q, k, v, o, lse, L, S, d, dv, scale);                                                      \
+    }                                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(SC_THREADS)                                                          \
+        attn_dq_##NAME##_t##T(const void* q, const void* k, const void* v, const void* d_o, const float* lse,         \
+                              const float* dsum, void* dq, int L, int S, int d, int dv, float scale) {                \
+        attn_dq_sc<IN, T>(q, k, v, d_o, lse, dsum, dq, L, S, d, dv, scale);                                           \
+    }                                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(SC_THREADS)                                                          \
+        attn_dkdv_##NAME##_t##T(const void* q, const void* k, const void* v, const void* d_o, const float* lse,       \
+                                const float* dsum, void* dk, void* dv_out, int L, int S, int d, int dv,               \
+                                float scale) {                                                                        \
+        attn_dkdv_sc<IN, T>(q, k, v, d_o, lse, dsum, dk, dv_out, L, S, d, dv, scale);                                 \
+    }
+
+ATTN_SCALAR_KERNELS(f32, InF32, 32)
+ATTN_SCALAR_KERNELS(f32, InF32, 16)
+ATTN_SCALAR_KERNELS(bf16, InBF16, 32)
+ATTN_SCALAR_KERNELS(bf16, InBF16, 16)
