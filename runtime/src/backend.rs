@@ -383,6 +383,26 @@ pub trait DeviceStatus: BackendDevice {
     fn memory_stats(&self) -> MemoryStats;
 }
 
+/// Multi-tensor optimizer primitives (issue 14): one pass over many
+/// parameters or gradients of one device, so an optimizer step and the
+/// gradient norm cost a few launches instead of a few per parameter.
+/// Every entry must be on the same device.
+pub trait MultiOptimBackend: OptimBackend {
+    /// AdamW steps of many parameters, each `(w, step)` as
+    /// [`OptimBackend::adamw_step`] takes it (every `m` and `v` a buffer of
+    /// its own); the new parameters in order, each bit-identical to what
+    /// `w.adamw_step(step)` returns, with the moments updated the same way.
+    fn adamw_multi<'a>(steps: Vec<(&'a Self, AdamWStep<'a, Self>)>) -> Result<Vec<Self>>;
+
+    /// The sum of the squares of every element of every gradient (f32 or
+    /// BF16 views), as an f64; see each backend for its order of addition.
+    fn sum_squares(grads: &[(&Self, &Layout)]) -> Result<f64>;
+
+    /// Each gradient times `mul`, packed, in its dtype: the bits of
+    /// [`BackendStorage::affine`] with `mul` and an `add` of 0.
+    fn scale_all(grads: &[(&Self, &Layout)], mul: f32) -> Result<Vec<Self>>;
+}
+
 /// Sizes of a fused modulation op (`crate::ops::fused`): x `[batch,
 /// tokens, hidden]` and the per-batch vectors (shift, scale, gate)
 /// `[batch, hidden]`, every operand packed, all in one dtype (f32 or BF16).

@@ -171,6 +171,27 @@ impl DeviceStatus for CudaDevice {
     }
 }
 
+impl crate::backend::MultiOptimBackend for CudaStorage {
+    fn adamw_multi<'a>(steps: Vec<(&'a Self, AdamWStep<'a, Self>)>) -> Result<Vec<Self>> {
+        match steps.first() {
+            Some((w, _)) => match **w {},
+            None => Ok(Vec::new()),
+        }
+    }
+    fn sum_squares(grads: &[(&Self, &Layout)]) -> Result<f64> {
+        match grads.first() {
+            Some((g, _)) => match **g {},
+            None => Ok(0.0),
+        }
+    }
+    fn scale_all(grads: &[(&Self, &Layout)], _: f32) -> Result<Vec<Self>> {
+        match grads.first() {
+            Some((g, _)) => match **g {},
+            None => Ok(Vec::new()),
+        }
+    }
+}
+
 impl crate::backend::FusedBackend for CudaStorage {
     fn modulated_norm(
         x: &Self,

@@ -1,11 +1,14 @@
 //! AdamW on the host ([`OptimBackend`]): the f32 update every backend
 //! matches bit for bit (`runtime/kernels/adamw.cu` does the same operations
-//! in the same order).
+//! in the same order). The multi-tensor entry points
+//! ([`MultiOptimBackend`]) run the per-tensor operations one tensor after
+//! another, so the host's bits do not depend on which path a step takes.
 
 use rayon::prelude::*;
 
 use super::{CpuStorage, PAR_MIN_ELEMS};
-use crate::backend::{AdamWScalars, AdamWStep, BackendStorage, OptimBackend};
+use crate::backend::{AdamWScalars, AdamWStep, BackendStorage, MultiOptimBackend, OptimBackend};
+use crate::op::{ReduceOp, UnaryOp};
 use crate::{DType, Error, Layout, Result, Shape};
 
 /// Elements per rayon task of a large update.
@@ -54,5 +57,36 @@ impl OptimBackend for CpuStorage {
             DType::F32 => Ok(w),
             d => w.to_dtype(&Layout::contiguous(Shape::new(vec![n])), d),
         }
+    }
+}
+
+impl MultiOptimBackend for CpuStorage {
+    /// One parameter after another through [`OptimBackend::adamw_step`]
+    /// (a large update already runs on every core): the per-parameter bits.
+    fn adamw_multi<'a>(steps: Vec<(&'a Self, AdamWStep<'a, Self>)>) -> Result<Vec<Self>> {
+        steps.into_iter().map(|(w, s)| w.adamw_step(s)).collect()
+    }
+
+    /// Per gradient, the f32 value of the tensor ops `g.sqr().sum_all()`
+    /// (squares rounded to the gradient's dtype, added by the CPU
+    /// reduction), widened to f64 and added in the order given: the bits of
+    /// the per-gradient norm `optim::clip_grad_norm` computed before.
+    fn sum_squares(grads: &[(&Self, &Layout)]) -> Result<f64> {
+        let mut sum = 0f64;
+        for &(g, layout) in grads {
+            let n = layout.shape().elem_count();
+            let flat = Layout::contiguous(Shape::new(vec![n]));
+            let s = g
+                .unary(layout, UnaryOp::Sqr)?
+                .reduce(&flat, ReduceOp::Sum, 0)?;
+            let s = s.packed_f32(&Layout::contiguous(Shape::new(vec![1])), "gradient norm")?;
+            sum += f64::from(s[0]);
+        }
+        Ok(sum)
+    }
+
+    /// `affine(mul, 0)` of each gradient, one after another.
+    fn scale_all(grads: &[(&Self, &Layout)], mul: f32) -> Result<Vec<Self>> {
+        grads.iter().map(|&(g, l)| g.affine(l, mul, 0.0)).collect()
     }
 }
