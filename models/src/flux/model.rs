@@ -9,7 +9,7 @@
 use mxswitch_macros::{precision, Parameters};
 use mxswitch_runtime::linear::QuantLinear;
 use mxswitch_runtime::module::{Dense, Scale};
-use mxswitch_runtime::ops::scaled_dot_product_attention;
+use mxswitch_runtime::ops::{gated_residual, modulated_layer_norm, scaled_dot_product_attention};
 use mxswitch_runtime::{DType, Device, Result, Tensor};
 
 use super::config::FluxConfig;
@@ -52,9 +52,15 @@ pub struct ModulationOut {
 }
 
 impl ModulationOut {
-    /// (1 + scale) * x + shift.
-    fn modulate(&self, x: &Tensor) -> Result<Tensor> {
-        x.mul(&self.scale.add_scalar(1.0)?)?.add(&self.shift)
+    /// (1 + scale) * LayerNorm(x) + shift, the LayerNorm without affine
+    /// weights: one fused op ([`modulated_layer_norm`]).
+    fn modulate_norm(&self, x: &Tensor) -> Result<Tensor> {
+        modulated_layer_norm(x, &self.shift, &self.scale, EPS)
+    }
+
+    /// x + gate * y, the gated residual add: one fused op ([`gated_residual`]).
+    fn gated_add(&self, x: &Tensor, y: &Tensor) -> Result<Tensor> {
+        gated_residual(x, &self.gate, y)
     }
 }
 
@@ -245,10 +251,10 @@ impl DoubleBlock {
         let (img1, img2) = (&img_mod[0], &img_mod[1]);
         let (txt1, txt2) = (&txt_mod[0], &txt_mod[1]);
 
-        let img_in = img1.modulate(&img.layer_norm(EPS)?)?;
+        let img_in = img1.modulate_norm(img)?;
         let (iq, ik, iv) = split_heads(&self.img_qkv.forward(&img_in)?, self.heads)?;
         let (iq, ik) = self.img_norm.forward(&iq, &ik, &iv)?;
-        let txt_in = txt1.modulate(&txt.layer_norm(EPS)?)?;
+        let txt_in = txt1.modulate_norm(txt)?;
         let (tq, tk, tv) = split_heads(&self.txt_qkv.forward(&txt_in)?, self.heads)?;
         let (tq, tk) = self.txt_norm.forward(&tq, &tk, &tv)?;
 
@@ -261,19 +267,19 @@ impl DoubleBlock {
         let parts = attn.split(1, &[lt, img.dims()[1]])?;
         let (txt_attn, img_attn) = (&parts[0], &parts[1]);
 
-        let img = img.add(&img1.gate.mul(&self.img_proj.forward(img_attn)?)?)?;
+        let img = img1.gated_add(img, &self.img_proj.forward(img_attn)?)?;
         let img_mlp = self
             .img_mlp_fc1
-            .forward(&img2.modulate(&img.layer_norm(EPS)?)?)?
+            .forward(&img2.modulate_norm(&img)?)?
             .gelu_tanh()?;
-        let img = img.add(&img2.gate.mul(&self.img_mlp_fc2.forward(&img_mlp)?)?)?;
+        let img = img2.gated_add(&img, &self.img_mlp_fc2.forward(&img_mlp)?)?;
 
-        let txt = txt.add(&txt1.gate.mul(&self.txt_proj.forward(txt_attn)?)?)?;
+        let txt = txt1.gated_add(txt, &self.txt_proj.forward(txt_attn)?)?;
         let txt_mlp = self
             .txt_mlp_fc1
-            .forward(&txt2.modulate(&txt.layer_norm(EPS)?)?)?
+            .forward(&txt2.modulate_norm(&txt)?)?
             .gelu_tanh()?;
-        let txt = txt.add(&txt2.gate.mul(&self.txt_mlp_fc2.forward(&txt_mlp)?)?)?;
+        let txt = txt2.gated_add(&txt, &self.txt_mlp_fc2.forward(&txt_mlp)?)?;
         Ok((img, txt))
     }
 }
@@ -326,7 +332,7 @@ impl SingleBlock {
     /// x [B, L, H], vec [B, H] -> x.
     pub fn forward(&self, x: &Tensor, vec: &Tensor, pe: &Rope) -> Result<Tensor> {
         let m = &self.modulation.forward(vec)?[0];
-        let h = m.modulate(&x.layer_norm(EPS)?)?;
+        let h = m.modulate_norm(x)?;
         let (q, k, v) = split_heads(&self.qkv.forward(&h)?, self.heads)?;
         let (q, k) = self.norm.forward(&q, &k, &v)?;
         let attn = attention(&q, &k, &v, pe)?;
@@ -335,7 +341,7 @@ impl SingleBlock {
             .proj
             .forward(&attn)?
             .add(&self.mlp_fc2.forward(&mlp)?)?;
-        x.add(&m.gate.mul(&out)?)
+        m.gated_add(x, &out)
     }
 }
 
@@ -354,11 +360,8 @@ impl LastLayer {
         let m = self.ada_ln_modulation.forward(&vec.silu()?)?.unsqueeze(1)?;
         let parts = m.split(-1, &[h, h])?;
         let (shift, scale) = (&parts[0], &parts[1]);
-        let x = x
-            .layer_norm(EPS)?
-            .mul(&scale.add_scalar(1.0)?)?
-            .add(shift)?;
-        self.linear.forward(&x)
+        self.linear
+            .forward(&modulated_layer_norm(x, shift, scale, EPS)?)
     }
 }
 
