@@ -48,7 +48,7 @@ pub const QUANTIZE_MX: KernelSource = kernel_source!("quantize_mx.cu");
 pub const QUANTIZE_FP8: KernelSource = kernel_source!("quantize_fp8.cu");
 
 /// Every kernel source of the backend, for compile checks.
-pub fn all_sources() -> [KernelSource; 6] {
+pub fn all_sources() -> [KernelSource; 7] {
     [
         QUANTIZE_MX,
         QUANTIZE_FP8,
@@ -56,6 +56,7 @@ pub fn all_sources() -> [KernelSource; 6] {
         super::storage::OPS,
         super::adamw::ADAMW,
         super::mx_tile::MX_TILE,
+        super::attention::ATTENTION,
     ]
 }
 

@@ -9,17 +9,20 @@
 //! speed), `gemm` (cuBLASLt GEMMs against f64), `ops` (every tensor op,
 //! forward and backward), `linear` (the recipe linears with byte-identical
 //! saved operands, per-GEMM overrides included), `adamw` (AdamW bit-identical,
-//! clipping), `fused` (the element-wise vector kernels against the generic
-//! ones and the CPU, the fused modulation ops forward and backward).
-//! Benchmarks: `quantize`, `matmul`, `elementwise`, `linear` (M = 4096,
-//! K = N = 3072, every recipe), `fused` (those kernels and ops at Flux.1
-//! widths) and `linear-large` (issue 7's shapes). Each check prints
+//! clipping), `attention` (fused attention forward and backward against the
+//! CPU backend, every kernel path), `fused` (the element-wise vector kernels
+//! against the generic ones and the CPU, the fused modulation ops forward
+//! and backward). Benchmarks: `quantize`, `matmul`, `elementwise`, `linear`
+//! (M = 4096, K = N = 3072, every recipe), `fused` (those kernels and ops at
+//! Flux.1 widths), `attention` (fused against unfused at Flux shapes) and
+//! `linear-large` (issue 7's shapes). Each check prints
 //! `PASS name: ..` or `FAIL name: ..`, each benchmark `BENCH ..` lines; the
 //! last line is `summary: N passed, M failed`.
 //! Exits 0 when nothing failed, 1 on a failure, 2 without a usable GPU (one
 //! line saying what was looked for and where) or on a usage error.
 
 mod adamw;
+mod attention;
 mod common;
 mod fp8;
 mod fp8_2d;
@@ -47,7 +50,7 @@ use common::Report;
 type Part = (&'static str, fn(&CudaContext, &mut Report));
 
 /// The check suites, in run order.
-const SUITES: [Part; 6] = [
+const SUITES: [Part; 7] = [
     ("quantize", |ctx, rep| {
         mx::check_mx_random(ctx, rep);
         mx::check_mx_golden(ctx, rep);
@@ -66,20 +69,22 @@ const SUITES: [Part; 6] = [
     }),
     ("linear", |_, rep| linear::check_linears(rep)),
     ("adamw", |_, rep| adamw::check_adamw(rep)),
+    ("attention", |_, rep| attention::check_attention(rep)),
     ("fused", |_, rep| fused::check_fused(rep)),
 ];
 
 /// The benchmarks; the last runs only when named.
-const BENCHES: [Part; 6] = [
+const BENCHES: [Part; 7] = [
     ("quantize", quant_speed::bench_quantizers),
     ("matmul", op_bench::matmul_bench),
     ("elementwise", op_bench::elementwise_bench),
     ("linear", |_, rep| linear_bench::bench(rep, false)),
     ("fused", fused::fused_bench),
+    ("attention", attention::bench),
     ("linear-large", |_, rep| linear_bench::bench(rep, true)),
 ];
 
-const USAGE: &str = "usage: gpu_check [check] [quantize|gemm|ops|linear|adamw|fused ...] | gpu_check bench [quantize|matmul|elementwise|linear|fused|linear-large ...]";
+const USAGE: &str = "usage: gpu_check [check] [quantize|gemm|ops|linear|adamw|attention|fused ...] | gpu_check bench [quantize|matmul|elementwise|linear|attention|fused|linear-large ...]";
 
 /// The parts the arguments name, or a usage error.
 fn select(args: &[String]) -> Result<Vec<Part>, String> {
