@@ -51,7 +51,7 @@ __device__ __forceinline__ float pos_inf() { return u2f(0x7F800000u); }
 // the dq pass (DQ_BN), queries in the dk/dv pass (DKDV_BN). The backward
 // holds two score blocks (p and dp) beside its accumulators, so it takes
 // fewer columns at a time: at D = 128 that keeps every kernel within 255
-// registers without spills (ptxas -v: forward 192, dq 186, dk/dv 244).
+// registers without spills (ptxas -v: forward 192, dq 248, dk/dv 244).
 #define MMA_COLS 64
 #define DQ_BN 32
 #define DKDV_BN 32
@@ -272,7 +272,8 @@ __device__ __forceinline__ void attn_fwd_mma(const u16* q, const u16* k, const u
 }
 
 // dq pass: one CTA per 64 query rows, over every block of BN keys. Shared:
-// the Q and dO tiles [64][D + 8], then two buffers of K and V tiles
+// the Q and dO tiles [64][D + 8] (read once: each warp keeps its rows of
+// both as A fragments in registers), then two buffers of K and V tiles
 // [BN][D + 8] ((2 x 64 + 4 BN) (D + 8) bf16): the next block's copies
 // overlap this block's math.
 template <int D, int BN>
@@ -307,6 +308,7 @@ __device__ __forceinline__ void attn_dq_mma(const u16* q, const u16* k, const u1
     const float c = scale * ATTN_LOG2E;
     float acc[D / 8][4];
     zero_frags<D / 8>(acc);
+    u32 qf[D / 16][4], gf[D / 16][4];
     const int blocks = (S + BN - 1) / BN;
     for (int kb = 0; kb < blocks; ++kb) {
         const int k0 = kb * BN;
@@ -320,11 +322,19 @@ __device__ __forceinline__ void attn_dq_mma(const u16* q, const u16* k, const u1
         __syncthreads();  // this block's K and V (and Q, dO) are in
         const u16* cK = sKV + (kb & 1) * 2 * KT;
         const u16* cV = cK + KT;
+        if (kb == 0) {
+            // Q and dO are the A operands of every block: keep this warp's rows in registers.
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                ldmatrix_x4(qf[kk], sQ + ldm_a<ST>(warp * 16, kk * 16));
+                ldmatrix_x4(gf[kk], sdO + ldm_a<ST>(warp * 16, kk * 16));
+            }
+        }
         float s[NT][4], dp[NT][4];
         zero_frags<NT>(s);
         zero_frags<NT>(dp);
-        mma_abt<D, NT>(s, sQ, warp * 16, cK);
-        mma_abt<D, NT>(dp, sdO, warp * 16, cV);
+        mma_abt_frags<D, NT>(s, qf, cK);
+        mma_abt_frags<D, NT>(dp, gf, cV);
         // ds = p (dp - D), p = 0 for keys at or past S.
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
