@@ -373,7 +373,8 @@ def main():
     if args.self_test:
         sys.exit(self_test(args))
     if args.config != "flux-small":
-        sys.exit("only --config flux-small is ported on the torch side")
+        sys.exit("flux_small_peer.py runs flux-small only; bench/flux_wide_peer.py takes any config "
+                 "(eager and torch.compile + fused AdamW)")
     if not torch.cuda.is_available():
         sys.exit(f"CUDA is not available to torch {torch.__version__} here: this benchmark needs an NVIDIA GPU "
                  "(run `python bench/flux_small_peer.py --self-test` for the CPU checks).")

@@ -3,7 +3,8 @@
 Functional over a dict of parameters named as mxswitch's checkpoint keys
 (without the `param.` prefix), so a peer can load mxswitch's weights
 (flux_tiny_peer.py) or make its own (`init_params`, flux_small_peer.py).
-Only torch is needed here.
+Only torch is needed here; the parameter shapes are flux_shapes.py's
+(re-exported here as param_shapes, mlp_hidden and count_params).
 
 The big linears of the blocks go through `Flux.qlin`, which a subclass can
 override (flux_tiny_peer.py plugs in its fake-quantized recipes); by default
@@ -16,8 +17,9 @@ import math
 import torch
 import torch.nn.functional as F
 
+from flux_shapes import TIME_DIM, count_params, mlp_hidden, param_shapes  # noqa: F401  (re-exported)
+
 EPS = 1e-6          # LayerNorm and QK RMSNorm
-TIME_DIM = 256      # timestep embedding width
 
 # models/configs/flux-small.ron
 FLUX_SMALL = dict(
@@ -27,58 +29,6 @@ FLUX_SMALL = dict(
     latent_channels=16, latent_height=32, latent_width=32, txt_tokens=256, batch=8,
     lr=1e-4,
 )
-
-
-def mlp_hidden(cfg):
-    return int(cfg["hidden_size"] * cfg["mlp_ratio"])
-
-
-def param_shapes(cfg):
-    """name -> (shape, init) for every parameter, as the Rust visit_params walk.
-
-    init: "uniform" (U(-1/sqrt(in), 1/sqrt(in)), weights and biases, as the
-    Rust Dense/QuantLinear and torch.nn.Linear), "zeros" (modulation and the
-    final layer), "ones" (QK norm scales)."""
-    h, m = cfg["hidden_size"], mlp_hidden(cfg)
-    hd = h // cfg["num_heads"]
-    out = {}
-
-    def lin(name, fin, fout, bias=True, init="uniform"):
-        out[name + ".weight"] = ((fout, fin), init)
-        if bias:
-            out[name + ".bias"] = ((fout,), init)
-
-    def norm(name):
-        out[name + ".query_norm.scale"] = ((hd,), "ones")
-        out[name + ".key_norm.scale"] = ((hd,), "ones")
-
-    lin("img_in", cfg["in_channels"], h)
-    lin("time_in.in_layer", TIME_DIM, h)
-    lin("time_in.out_layer", h, h)
-    lin("vector_in.in_layer", cfg["vec_in_dim"], h)
-    lin("vector_in.out_layer", h, h)
-    lin("txt_in", cfg["context_in_dim"], h)
-    qb = cfg.get("qkv_bias", True)
-    for i in range(cfg["depth"]):
-        p = f"double_blocks.{i}."
-        for s in ("img", "txt"):
-            lin(p + s + "_mod.lin", h, 6 * h, init="zeros")
-            norm(p + s + "_attn.norm")
-            lin(p + s + "_qkv", h, 3 * h, bias=qb)
-            lin(p + s + "_proj", h, h)
-            lin(p + s + "_mlp_fc1", h, m)
-            lin(p + s + "_mlp_fc2", m, h)
-    for i in range(cfg["depth_single_blocks"]):
-        p = f"single_blocks.{i}."
-        lin(p + "modulation.lin", h, 3 * h, init="zeros")
-        norm(p + "norm")
-        lin(p + "qkv", h, 3 * h, bias=qb)
-        lin(p + "proj", h, h, bias=False)
-        lin(p + "mlp_fc1", h, m)
-        lin(p + "mlp_fc2", m, h)
-    lin("final_layer.adaLN_modulation", h, 2 * h, init="zeros")
-    lin("final_layer.linear", h, cfg["in_channels"], init="zeros")
-    return out
 
 
 def init_params(cfg, dtype=torch.float32, device="cpu", seed=0):

@@ -109,13 +109,15 @@ pub struct RunConfig {
 }
 
 /// The built-in presets by name.
-pub const PRESETS: [(&str, &str); 3] = [
+pub const PRESETS: [(&str, &str); 5] = [
     ("flux-tiny", include_str!("../../configs/flux-tiny.ron")),
     ("flux-small", include_str!("../../configs/flux-small.ron")),
     (
         "flux-schnell",
         include_str!("../../configs/flux-schnell.ron"),
     ),
+    ("flux-wide", include_str!("../../configs/flux-wide.ron")),
+    ("flux-1024", include_str!("../../configs/flux-1024.ron")),
 ];
 
 impl RunConfig {
