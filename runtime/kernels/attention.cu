@@ -398,6 +398,11 @@ __device__ __forceinline__ void attn_dkdv_mma(const u16* q, const u16* k, const 
     float adk[D / 8][4], adv[D / 8][4];
     zero_frags<D / 8>(adk);
     zero_frags<D / 8>(adv);
+    // K and V are the A operands of every block. Up to D = 64 each warp keeps
+    // its rows of both in registers; at 128 they do not fit beside the two
+    // accumulators and are read from shared memory each time.
+    constexpr bool KV_REGS = D <= 64;
+    u32 kf[KV_REGS ? D / 16 : 1][4], vf[KV_REGS ? D / 16 : 1][4];
     for (int qb = 0; qb < blocks; ++qb) {
         if (qb + 1 < blocks) stage((qb + 1) & 1, qb + 1);
         async_commit();
@@ -409,7 +414,18 @@ __device__ __forceinline__ void attn_dkdv_mma(const u16* q, const u16* k, const 
         const float* cD = cL + BN;
         float s[NT][4];
         zero_frags<NT>(s);
-        mma_abt<D, NT>(s, sK, warp * 16, cQ);
+        if (KV_REGS) {
+            if (qb == 0) {
+#pragma unroll
+                for (int kk = 0; kk < D / 16; ++kk) {
+                    ldmatrix_x4(kf[kk], sK + ldm_a<ST>(warp * 16, kk * 16));
+                    ldmatrix_x4(vf[kk], sV + ldm_a<ST>(warp * 16, kk * 16));
+                }
+            }
+            mma_abt_frags<D, NT>(s, kf, cQ);
+        } else {
+            mma_abt<D, NT>(s, sK, warp * 16, cQ);
+        }
         // p^T; fragment columns 2t and 2t + 1 of n-tile j are queries 8j + 2t (+1).
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
@@ -422,7 +438,11 @@ __device__ __forceinline__ void attn_dkdv_mma(const u16* q, const u16* k, const 
         mma_pb<BN / 16, D>(adv, s, cdO);  // dv += p^T dO
         float dp[NT][4];
         zero_frags<NT>(dp);
-        mma_abt<D, NT>(dp, sV, warp * 16, cdO);  // dp^T = v dO^T
+        if (KV_REGS) {
+            mma_abt_frags<D, NT>(dp, vf, cdO);  // dp^T = v dO^T
+        } else {
+            mma_abt<D, NT>(dp, sV, warp * 16, cdO);
+        }
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             const float da = cD[8 * j + 2 * t], db = cD[8 * j + 2 * t + 1];
