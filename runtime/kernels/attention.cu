@@ -533,11 +533,17 @@ __device__ __forceinline__ void sc_tile_load(float* s, const void* g, u64 base, 
     }
 }
 
-// sum over x < n of a[x] b[x], two shared rows.
-__device__ __forceinline__ float sc_dot(const float* a, const float* b, int n) {
-    float acc = 0.0f;
-    for (int x = 0; x < n; ++x) acc = fmaf(a[x], b[x], acc);
-    return acc;
+// out[i] = sum over x < n of a[x] b_i[x] for SPT rows b_i = b + i STEP (n + 1)
+// of a shared tile: a thread's scores, each value of a loaded once.
+template <int SPT, int STEP>
+__device__ __forceinline__ void sc_dots(float out[SPT], const float* a, const float* b, int n) {
+#pragma unroll
+    for (int i = 0; i < SPT; ++i) out[i] = 0.0f;
+    for (int x = 0; x < n; ++x) {
+        const float ax = a[x];
+#pragma unroll
+        for (int i = 0; i < SPT; ++i) out[i] = fmaf(ax, b[i * STEP * (n + 1) + x], out[i]);
+    }
 }
 
 // Forward: one CTA per T query rows. Shared: Q [T][d+1], K [T][d+1],
@@ -570,11 +576,12 @@ __device__ __forceinline__ void attn_fwd_sc(const void* q, const void* k, const 
         sc_tile_load<In>(sK, k, head * S * d, k0, T, S, d);
         sc_tile_load<In>(sV, v, head * S * dv, k0, T, S, dv);
         __syncthreads();
+        float x[SPT];
+        sc_dots<SPT, TPR>(x, sQ + r * (d + 1), sK + cl * (d + 1), d);
 #pragma unroll
         for (int i = 0; i < SPT; ++i) {
             const int cc = cl + TPR * i;
-            const float x = sc_dot(sQ + r * (d + 1), sK + cc * (d + 1), d) * scale;
-            sP[r * (T + 1) + cc] = k0 + cc < S ? x : neg_inf();
+            sP[r * (T + 1) + cc] = k0 + cc < S ? x[i] * scale : neg_inf();
         }
         __syncthreads();
         if (threadIdx.x < T) {
@@ -646,13 +653,14 @@ __device__ __forceinline__ void attn_dq_sc(const void* q, const void* k, const v
         sc_tile_load<In>(sK, k, head * S * d, k0, T, S, d);
         sc_tile_load<In>(sV, v, head * S * dv, k0, T, S, dv);
         __syncthreads();
+        float x[SPT], dp[SPT];
+        sc_dots<SPT, TPR>(x, sQ + r * (d + 1), sK + cl * (d + 1), d);
+        sc_dots<SPT, TPR>(dp, sdO + r * (dv + 1), sV + cl * (dv + 1), dv);
 #pragma unroll
         for (int i = 0; i < SPT; ++i) {
             const int cc = cl + TPR * i;
-            const float x = sc_dot(sQ + r * (d + 1), sK + cc * (d + 1), d) * scale;
-            const float dp = sc_dot(sdO + r * (dv + 1), sV + cc * (dv + 1), dv);
-            const float p = k0 + cc < S ? expf(x - lr) : 0.0f;
-            sS[r * (T + 1) + cc] = p * (dp - dr);
+            const float p = k0 + cc < S ? expf(x[i] * scale - lr) : 0.0f;
+            sS[r * (T + 1) + cc] = p * (dp[i] - dr);
         }
         __syncthreads();
         for (int cc = 0; cc < T; ++cc) {
@@ -709,14 +717,15 @@ __device__ __forceinline__ void attn_dkdv_sc(const void* q, const void* k, const
             sD[threadIdx.x] = qr < L ? dsum[head * L + qr] : 0.0f;
         }
         __syncthreads();
+        float x[SPT], dp[SPT];
+        sc_dots<SPT, TPR>(x, sK + r * (d + 1), sQ + cl * (d + 1), d);
+        sc_dots<SPT, TPR>(dp, sV + r * (dv + 1), sdO + cl * (dv + 1), dv);
 #pragma unroll
         for (int i = 0; i < SPT; ++i) {
             const int qc = cl + TPR * i;
-            const float x = sc_dot(sK + r * (d + 1), sQ + qc * (d + 1), d) * scale;
-            const float dp = sc_dot(sV + r * (dv + 1), sdO + qc * (dv + 1), dv);
-            const float p = expf(x - sLse[qc]);
+            const float p = expf(x[i] * scale - sLse[qc]);
             sP[r * (T + 1) + qc] = p;
-            sS[r * (T + 1) + qc] = p * (dp - sD[qc]);
+            sS[r * (T + 1) + qc] = p * (dp[i] - sD[qc]);
         }
         __syncthreads();
         for (int qc = 0; qc < T; ++qc) {
