@@ -330,3 +330,66 @@ fn shapes_and_dtypes_are_checked() {
     let e = modulated_layer_norm(&x, &codes, &v, EPS).unwrap_err();
     assert!(matches!(e, Error::DType(_)), "{e}");
 }
+
+/// Flux's former `split_heads`: reshape, permute and split, each recorded.
+fn composed_heads(qkv: &Tensor, heads: usize) -> Result<Vec<Tensor>> {
+    let (b, l, h3) = (qkv.dims()[0], qkv.dims()[1], qkv.dims()[2]);
+    let x = qkv
+        .reshape([b, l, 3, heads, h3 / 3 / heads])?
+        .permute(&[2, 0, 3, 1, 4])?;
+    x.split(0, &[1, 1, 1])?
+        .into_iter()
+        .map(|t| t.squeeze(0))
+        .collect()
+}
+
+/// The pieces of `split` and their gradients (of sum(piece * r_k) over the
+/// pieces in `used`), as (values, gradient of the input).
+fn pieces_and_grad(
+    x: &Tensor,
+    used: &[usize],
+    split: &dyn Fn(&Tensor) -> Result<Vec<Tensor>>,
+) -> (Vec<Vec<u32>>, Vec<u32>) {
+    let p = Param::new(x.clone()).unwrap();
+    let pieces = split(p.tensor()).unwrap();
+    let mut rng = Rng::new(8);
+    let mut loss: Option<Tensor> = None;
+    for &k in used {
+        let r = tensor(&rng.vec(pieces[k].elem_count(), -1.0, 1.0), pieces[k].dims());
+        let term = pieces[k].mul(&r).unwrap().sum_all().unwrap();
+        loss = Some(match loss {
+            Some(l) => l.add(&term).unwrap(),
+            None => term,
+        });
+    }
+    let g = loss.unwrap().backward().unwrap();
+    (
+        pieces.iter().map(bits).collect(),
+        bits(g.get(p.id()).unwrap()),
+    )
+}
+
+#[test]
+fn split_fused_and_split_heads_are_the_compositions_exactly() {
+    use mxswitch_runtime::ops::{split_fused, split_heads};
+    let mut rng = Rng::new(7);
+    let m = tensor(&rng.vec(2 * 6 * 8, -2.0, 2.0), &[2, 1, 6 * 8]);
+    let sizes = [8; 6];
+    for used in [&[0, 1, 2, 3, 4, 5][..], &[1, 4]] {
+        let fused = pieces_and_grad(&m, used, &|t| split_fused(t, -1, &sizes));
+        let composed = pieces_and_grad(&m, used, &|t| t.split(-1, &sizes));
+        assert_eq!(fused, composed, "split_fused, pieces {used:?} used");
+    }
+    let qkv = tensor(&rng.vec(2 * 5 * 3 * 16, -2.0, 2.0), &[2, 5, 48]);
+    for used in [&[0, 1, 2][..], &[2]] {
+        let fused = pieces_and_grad(&qkv, used, &|t| {
+            let (q, k, v) = split_heads(t, 4)?;
+            Ok(vec![q, k, v])
+        });
+        let composed = pieces_and_grad(&qkv, used, &|t| composed_heads(t, 4));
+        assert_eq!(fused, composed, "split_heads, parts {used:?} used");
+    }
+    let (q, _, _) = split_heads(&qkv, 4).unwrap();
+    assert_eq!(q.dims(), &[2, 4, 5, 4]);
+    assert!(split_heads(&qkv, 5).is_err(), "48 is not 3 * 5 * D");
+}

@@ -9,7 +9,9 @@
 use mxswitch_macros::{precision, Parameters};
 use mxswitch_runtime::linear::QuantLinear;
 use mxswitch_runtime::module::{Dense, Scale};
-use mxswitch_runtime::ops::{gated_residual, modulated_layer_norm, scaled_dot_product_attention};
+use mxswitch_runtime::ops::{
+    gated_residual, modulated_layer_norm, scaled_dot_product_attention, split_fused, split_heads,
+};
 use mxswitch_runtime::{DType, Device, Result, Tensor};
 
 use super::config::FluxConfig;
@@ -87,7 +89,7 @@ impl Modulation {
     fn forward(&self, vec: &Tensor) -> Result<Vec<ModulationOut>> {
         let h = self.lin.params.in_features;
         let out = self.lin.forward(&vec.silu()?)?.unsqueeze(1)?; // [B, 1, mult*H]
-        let chunks = out.split(-1, &vec![h; if self.double { 6 } else { 3 }])?;
+        let chunks = split_fused(&out, -1, &vec![h; if self.double { 6 } else { 3 }])?;
         Ok(chunks
             .chunks(3)
             .map(|c| ModulationOut {
@@ -139,18 +141,6 @@ pub struct Rope {
     pub cos: Tensor,
     /// sin of each position's angles.
     pub sin: Tensor,
-}
-
-/// [B, L, 3H] -> q, k, v of [B, h, L, D].
-fn split_heads(qkv: &Tensor, heads: usize) -> Result<(Tensor, Tensor, Tensor)> {
-    let (b, l, h3) = (qkv.dims()[0], qkv.dims()[1], qkv.dims()[2]);
-    let d = h3 / 3 / heads;
-    let x = qkv
-        .reshape([b, l, 3, heads, d])?
-        .permute(&[2, 0, 3, 1, 4])?; // [3, B, h, L, D]
-    let mut parts = x.split(0, &[1, 1, 1])?.into_iter().map(|t| t.squeeze(0));
-    let mut next = || parts.next().expect("three parts");
-    Ok((next()?, next()?, next()?))
 }
 
 /// RoPE on q and k, attention, and heads merged back: [B, L, H].
@@ -264,7 +254,7 @@ impl DoubleBlock {
         let v = Tensor::cat(&[&tv, &iv], 2)?;
         let lt = txt.dims()[1];
         let attn = attention(&q, &k, &v, pe)?;
-        let parts = attn.split(1, &[lt, img.dims()[1]])?;
+        let parts = split_fused(&attn, 1, &[lt, img.dims()[1]])?;
         let (txt_attn, img_attn) = (&parts[0], &parts[1]);
 
         let img = img1.gated_add(img, &self.img_proj.forward(img_attn)?)?;
@@ -358,7 +348,7 @@ impl LastLayer {
     fn forward(&self, x: &Tensor, vec: &Tensor) -> Result<Tensor> {
         let h = self.linear.params.in_features;
         let m = self.ada_ln_modulation.forward(&vec.silu()?)?.unsqueeze(1)?;
-        let parts = m.split(-1, &[h, h])?;
+        let parts = split_fused(&m, -1, &[h, h])?;
         let (shift, scale) = (&parts[0], &parts[1]);
         self.linear
             .forward(&modulated_layer_norm(x, shift, scale, EPS)?)

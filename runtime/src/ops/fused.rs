@@ -9,16 +9,23 @@
 //! - [`gated_residual`]: x + gate * y, the gated residual add, one pass
 //!   instead of two, and a backward of one multiply and one fused sum.
 //!
+//! - [`split_fused`] and [`split_heads`]: views of pieces of a tensor (the
+//!   modulation vectors, the text and image parts of the joint sequence,
+//!   q, k and v of a fused projection) whose backward writes the input's
+//!   gradient with one concatenation, where [`Tensor::split`]'s narrows
+//!   each pad their gradient with zeros to the whole input and add them up.
+//!
 //! Element math is f32 in the composition's order, so in f32 the outputs
 //! are the composition's bits; in BF16 they are rounded once where the
 //! composition rounds after every op (SPEC allows f32 inside a kernel).
+//! The splits move data only: their values and gradients are exact.
 
 #[allow(unused_imports)] // for the doc links
 use crate::backend::FusedBackend;
 use crate::backend::ModShape;
 use crate::ops::{apply_custom, CustomOp};
 use crate::storage::Storage;
-use crate::{DType, Error, Layout, Result, Shape, Tensor};
+use crate::{DType, Device, Error, Layout, Result, Shape, Tensor};
 
 /// (1 + scale) * LayerNorm(x) + shift for x `[.., L, H]` and shift, scale
 /// `[.., 1, H]` with the same leading dims (Flux: `[B, L, H]` and
@@ -244,5 +251,170 @@ impl CustomOp for GatedResidual {
             Some(Tensor::untracked(dgate, self.gate_dims.clone())),
             Some(dy),
         ])
+    }
+}
+
+/// Views of consecutive pieces of `axis` with the given sizes, as
+/// [`Tensor::split`] makes them, recorded as one op whose backward is one
+/// concatenation of the pieces' gradients (zeros for a piece that has none).
+pub fn split_fused(x: &Tensor, axis: isize, sizes: &[usize]) -> Result<Vec<Tensor>> {
+    let axis = x.shape().axis(axis)?;
+    let pieces = x.split(axis as isize, sizes)?;
+    if pieces.len() < 2 || !x.tracks_grad() {
+        return Ok(pieces);
+    }
+    let op = Split {
+        axis,
+        sizes: sizes.to_vec(),
+        dims: x.dims().to_vec(),
+        dtype: x.dtype(),
+        device: x.device(),
+    };
+    apply_custom(op, &[x])
+}
+
+/// One [`split_fused`] on the tape.
+struct Split {
+    axis: usize,
+    sizes: Vec<usize>,
+    dims: Vec<usize>,
+    dtype: DType,
+    device: Device,
+}
+
+/// The gradient of each output, zeros of its shape where it has none.
+fn grads_or_zeros(
+    grads: &[Option<Tensor>],
+    dims: impl Fn(usize) -> Vec<usize>,
+    dtype: DType,
+    device: &Device,
+) -> Result<Vec<Tensor>> {
+    grads
+        .iter()
+        .enumerate()
+        .map(|(k, g)| match g {
+            Some(g) => g.to_dtype(dtype),
+            None => Tensor::zeros(dims(k), dtype, device),
+        })
+        .collect()
+}
+
+impl CustomOp for Split {
+    type Saved = ();
+
+    fn name(&self) -> &str {
+        "split"
+    }
+
+    fn forward(&self, inputs: &[Tensor], _: bool) -> Result<(Vec<Tensor>, ())> {
+        Ok((inputs[0].split(self.axis as isize, &self.sizes)?, ()))
+    }
+
+    fn saved_bytes(&self, _: &()) -> usize {
+        0
+    }
+
+    fn backward(&self, _: &(), grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        if grads.iter().all(Option::is_none) {
+            return Ok(vec![None]);
+        }
+        let piece = |k: usize| {
+            let mut d = self.dims.clone();
+            d[self.axis] = self.sizes[k];
+            d
+        };
+        let parts = grads_or_zeros(grads, piece, self.dtype, &self.device)?;
+        let parts: Vec<&Tensor> = parts.iter().collect();
+        Ok(vec![Some(Tensor::cat(&parts, self.axis as isize)?)])
+    }
+}
+
+/// q, k and v `[B, h, L, D]` of a fused projection `[B, L, 3 h D]` laid out
+/// as `[B, L, 3, h, D]`: views, recorded as one op whose backward writes
+/// the projection's gradient with one concatenation (along the heads of
+/// `[B, L, 3h, D]`, which is that layout).
+pub fn split_heads(qkv: &Tensor, heads: usize) -> Result<(Tensor, Tensor, Tensor)> {
+    let bad = || {
+        Error::Shape(format!(
+            "split_heads: {:?} is not [B, L, 3 * {heads} * D]",
+            qkv.shape()
+        ))
+    };
+    if qkv.rank() != 3 || heads == 0 || qkv.dims()[2] % (3 * heads) != 0 {
+        return Err(bad());
+    }
+    let op = SplitHeads {
+        dims: qkv.dims().to_vec(),
+        heads,
+        dtype: qkv.dtype(),
+        device: qkv.device(),
+    };
+    let mut out = if qkv.tracks_grad() {
+        apply_custom(op, &[qkv])?
+    } else {
+        op.views(qkv)?
+    };
+    let v = out.pop().ok_or_else(bad)?;
+    let k = out.pop().ok_or_else(bad)?;
+    let q = out.pop().ok_or_else(bad)?;
+    Ok((q, k, v))
+}
+
+/// One [`split_heads`] on the tape.
+struct SplitHeads {
+    dims: Vec<usize>,
+    heads: usize,
+    dtype: DType,
+    device: Device,
+}
+
+impl SplitHeads {
+    /// (B, L, D).
+    fn sizes(&self) -> (usize, usize, usize) {
+        (self.dims[0], self.dims[1], self.dims[2] / 3 / self.heads)
+    }
+
+    /// q, k and v as views of `qkv`.
+    fn views(&self, qkv: &Tensor) -> Result<Vec<Tensor>> {
+        let (b, l, d) = self.sizes();
+        let x = qkv
+            .reshape([b, l, 3, self.heads, d])?
+            .permute(&[2, 0, 3, 1, 4])?; // [3, B, h, L, D]
+        x.split(0, &[1, 1, 1])?
+            .into_iter()
+            .map(|t| t.squeeze(0))
+            .collect()
+    }
+}
+
+impl CustomOp for SplitHeads {
+    type Saved = ();
+
+    fn name(&self) -> &str {
+        "split_heads"
+    }
+
+    fn forward(&self, inputs: &[Tensor], _: bool) -> Result<(Vec<Tensor>, ())> {
+        Ok((self.views(&inputs[0])?, ()))
+    }
+
+    fn saved_bytes(&self, _: &()) -> usize {
+        0
+    }
+
+    fn backward(&self, _: &(), grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
+        if grads.iter().all(Option::is_none) {
+            return Ok(vec![None]);
+        }
+        let (b, l, d) = self.sizes();
+        let each = |_| vec![b, self.heads, l, d];
+        let parts = grads_or_zeros(grads, each, self.dtype, &self.device)?
+            .iter()
+            .map(|g| g.permute(&[0, 2, 1, 3])) // [B, L, h, D]
+            .collect::<Result<Vec<Tensor>>>()?;
+        let parts: Vec<&Tensor> = parts.iter().collect();
+        Ok(vec![Some(
+            Tensor::cat(&parts, 2)?.reshape(self.dims.clone())?,
+        )])
     }
 }
