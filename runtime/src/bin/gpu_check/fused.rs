@@ -8,7 +8,8 @@
 //! memory (the generic kernel: `vec_ok` refuses them), and on the CPU.
 //! Bounds: vector == generic bit for bit for every op (the same expression
 //! per element); vector == CPU bit for bit for copies, casts, concat,
-//! affine, add, sub, mul, div and sqr, within 4 f32 ulp (plus 1 BF16 ulp
+//! affine, add, sub, mul, div, sqr and the gradients of split_heads and
+//! split_fused (concatenations of permuted views), within 4 f32 ulp (plus 1 BF16 ulp
 //! in BF16) for gelu_tanh, silu and exp (CUDA's expf is within 2 ulp of
 //! libm's, composed once more).
 //!
@@ -27,7 +28,7 @@
 //!   f32 ulp, in BF16 2^-7 max|cpu| + 1 BF16 ulp).
 
 use mxswitch_runtime::cuda::CudaContext;
-use mxswitch_runtime::ops::{gated_residual, modulated_layer_norm};
+use mxswitch_runtime::ops::{gated_residual, modulated_layer_norm, split_fused, split_heads};
 use mxswitch_runtime::{DType, Device, Param, Result, Tensor};
 
 use crate::common::{bf16_ulp, compare, err, f32_ulp, median_ms, Report, Rng, Start};
@@ -108,6 +109,21 @@ fn vec_cases() -> Vec<VecCase> {
         vcase("copy of a q view", &[&[2, 33, 3, 4, 16]], Sym, true, |x| {
             qkv(&x[0], 1)?.contiguous()
         }),
+        vcase("split_heads backward", &[&[2, 33, 192]], Sym, true, |x| {
+            let p = Param::new(x[0].clone())?;
+            let (q, k, v) = split_heads(p.tensor(), 4)?;
+            let loss = q.mul(&k.detach())?.sum_all()?.add(&v.sqr()?.sum_all()?)?;
+            grad_of(&loss, &p)
+        }),
+        vcase("split_fused backward", &[&[2, 1, 384]], Sym, true, |x| {
+            let p = Param::new(x[0].clone())?;
+            let m = split_fused(p.tensor(), -1, &[64; 6])?;
+            let loss = m[0]
+                .mul(&m[1].detach())?
+                .sum_all()?
+                .add(&m[4].sqr()?.sum_all()?)?;
+            grad_of(&loss, &p)
+        }),
         vcase(
             "concat along L",
             &[&[2, 4, 24, 16], &[2, 4, 40, 16]],
@@ -116,6 +132,14 @@ fn vec_cases() -> Vec<VecCase> {
             |x| Tensor::cat(&[&x[0], &x[1]], 2),
         ),
     ]
+}
+
+/// The gradient of `p` in `loss` (zeros where it has none).
+fn grad_of(loss: &Tensor, p: &Param) -> Result<Tensor> {
+    match loss.backward()?.get(p.id()) {
+        Some(g) => Ok(g.clone()),
+        None => p.zeros_like(),
+    }
 }
 
 /// `data` of `shape` on the GPU starting one element past a 16-byte
