@@ -51,7 +51,9 @@ __device__ __forceinline__ float pos_inf() { return u2f(0x7F800000u); }
 // the dq pass (DQ_BN), queries in the dk/dv pass (DKDV_BN). The backward
 // holds two score blocks (p and dp) beside its accumulators, so it takes
 // fewer columns at a time: at D = 128 that keeps every kernel within 255
-// registers without spills (ptxas -v: forward 192, dq 248, dk/dv 244).
+// registers without spills (ptxas -v: dq 248, dk/dv 244). The forward is
+// asked for three CTAs an SM (12 warps to hide its two barriers a block):
+// 168 registers at D = 128, no spills.
 #define MMA_COLS 64
 #define DQ_BN 32
 #define DKDV_BN 32
@@ -461,19 +463,19 @@ __device__ __forceinline__ void attn_dkdv_mma(const u16* q, const u16* k, const 
 }
 
 #define ATTN_MMA_KERNELS(D)                                                                                           \
-    extern "C" __global__ void __launch_bounds__(MMA_THREADS)                                                         \
+    extern "C" __global__ void __launch_bounds__(MMA_THREADS, 3)                                                      \
         attn_fwd_mma_d##D(const u16* q, const u16* k, const u16* v, u16* o, float* lse, int L, int S, float scale) {  \
         attn_fwd_mma<D>(q, k, v, o, lse, L, S, scale);                                                                \
     }                                                                                                                 \
     extern "C" __global__ void __launch_bounds__(MMA_THREADS)                                                         \
         attn_dq_mma_d##D(const u16* q, const u16* k, const u16* v, const u16* d_o, const float* lse,                  \
                          const float* dsum, u16* dq, int L, int S, float scale) {                                     \
-        attn_dq_mma<D, DQ_BN>(q, k, v, d_o, lse, dsum, dq, L, S, scale);                                                     \
+        attn_dq_mma<D, DQ_BN>(q, k, v, d_o, lse, dsum, dq, L, S, scale);                                             \
     }                                                                                                                 \
     extern "C" __global__ void __launch_bounds__(MMA_THREADS)                                                         \
         attn_dkdv_mma_d##D(const u16* q, const u16* k, const u16* v, const u16* d_o, const float* lse,                \
                            const float* dsum, u16* dk, u16* dv, int L, int S, float scale) {                          \
-        attn_dkdv_mma<D, DKDV_BN>(q, k, v, d_o, lse, dsum, dk, dv, L, S, scale);                                               \
+        attn_dkdv_mma<D, DKDV_BN>(q, k, v, d_o, lse, dsum, dk, dv, L, S, scale);                                     \
     }
 
 ATTN_MMA_KERNELS(32)
