@@ -134,6 +134,48 @@ extern "C" __global__ void ops_reduce_cols_bf16(const u16* x, u16* y, u64 outer,
     reduce_cols(x, y, outer, n, inner, op);
 }
 
+// Few outputs over a long axis (the [D] gradient of a scale applied to
+// [B, h, L, D], reduced over L = 8192 with D = 128, is 4 CTAs of the kernel
+// above): the axis is cut into chunks of `chunk`, one CTA per (outer, 32
+// inner positions, chunk) reduces its chunk as reduce_cols does and writes
+// an f32 partial to partial[(b * inner + c) * chunks + chunk index], and
+// ops_reduce_rows_final combines each output's partials in chunk order.
+// Grid (outer * ceil(inner / 32) * chunks), block (32, COL_GROUPS).
+template <class T>
+__device__ __forceinline__ void reduce_cols_partial(const T* x, float* partial, u64 n, u64 inner, u64 chunk,
+                                                    u64 chunks, int op) {
+    __shared__ float part[COL_GROUPS][33];
+    const u64 tiles = (inner + 31) / 32;
+    const u64 k = blockIdx.x % chunks, rest = blockIdx.x / chunks;
+    const u64 b = rest / tiles;
+    const u64 c = (rest % tiles) * 32 + threadIdx.x;
+    const u64 j0 = k * chunk, j1 = j0 + chunk < n ? j0 + chunk : n;
+    float acc = op == 0 ? 0.0f : u2f(0xFF800000u);
+    if (c < inner) {
+        const T* p = x + b * n * inner + c;
+        for (u64 j = j0 + threadIdx.y; j < j1; j += COL_GROUPS) {
+            const float v = ld(p, j * inner);
+            acc = op == 0 ? acc + v : max_nan(acc, v);
+        }
+    }
+    part[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y != 0 || c >= inner) return;
+    for (int g = 1; g < COL_GROUPS; ++g) {
+        const float v = part[g][threadIdx.x];
+        acc = op == 0 ? acc + v : max_nan(acc, v);
+    }
+    partial[(b * inner + c) * chunks + k] = acc;
+}
+extern "C" __global__ void ops_reduce_cols_partial_f32(const float* x, float* partial, u64 n, u64 inner, u64 chunk,
+                                                       u64 chunks, int op) {
+    reduce_cols_partial(x, partial, n, inner, chunk, chunks, op);
+}
+extern "C" __global__ void ops_reduce_cols_partial_bf16(const u16* x, float* partial, u64 n, u64 inner, u64 chunk,
+                                                        u64 chunks, int op) {
+    reduce_cols_partial(x, partial, n, inner, chunk, chunks, op);
+}
+
 // ---------------------------------------------------------------------------
 // Softmax of each row of length d (rowwise.rs softmax): max, f64 sum of
 // exp(v - max), then exp(v - max) * fl32(1 / sum).

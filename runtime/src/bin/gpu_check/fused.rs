@@ -13,6 +13,10 @@
 //! in BF16) for gelu_tanh, silu and exp (CUDA's expf is within 2 ulp of
 //! libm's, composed once more).
 //!
+//! Split reductions: sums and maxima over a long axis with few outputs
+//! (`ops_reduce_cols_partial`), sums within 2 n 2^-24 sum|terms| of the
+//! CPU's, maxima exact.
+//!
 //! Fused ops, CUDA against the CPU reference (`cpu/fused.rs`), forward and
 //! the gradients of loss = sum(out * r), f32 and BF16, on widths that take
 //! the 16-byte row kernels and widths that do not, token counts over one
@@ -220,6 +224,80 @@ fn run_vec_case(c: &VecCase, dtype: DType, seed: u64, rep: &mut Report) {
     rep.line(&format!("{tag} [generic: exact, cpu: {bound}]"), r);
 }
 
+/// Reductions over a long middle axis with few outputs, which the CUDA
+/// backend splits into chunks (`ops_reduce_cols_partial`), against the CPU:
+/// sums within the ops suite's accumulation bound 2 n 2^-24 sum|terms| (n
+/// the reduced length, plus 1 BF16 ulp in BF16), maxima exact.
+fn check_split_reductions(rep: &mut Report) {
+    type Reduce = fn(&Tensor) -> Result<Tensor>;
+    let cases: [(&str, &[usize], usize, bool, Reduce); 4] = [
+        (
+            "sum axis 0 of [2048, 100]",
+            &[2048, 100],
+            2048,
+            false,
+            |x| x.sum(&[0], true),
+        ),
+        (
+            "sum axis 1 of [3, 1500, 40]",
+            &[3, 1500, 40],
+            1500,
+            false,
+            |x| x.sum(&[1], true),
+        ),
+        (
+            "sum to [D] of [1, 4, 8192, 128] (a QK-norm scale's gradient)",
+            &[1, 4, 8192, 128],
+            4 * 8192,
+            false,
+            |x| x.sum(&[0, 1, 2], false),
+        ),
+        ("max axis 0 of [2048, 100]", &[2048, 100], 2048, true, |x| {
+            x.max(&[0], true)
+        }),
+    ];
+    for (k, (name, shape, n, exact, f)) in cases.into_iter().enumerate() {
+        for dtype in [DType::F32, DType::BF16] {
+            let r = (|| -> std::result::Result<String, String> {
+                let data = sample(
+                    &mut Rng::new(900 + k as u64),
+                    shape.iter().product(),
+                    Dist::Sym,
+                );
+                let abs: Vec<f32> = data.iter().map(|v| v.abs()).collect();
+                let on = |d: &[f32], dev: &Device| tensor(d, shape, dtype, dev).and_then(|t| f(&t));
+                let cpu = on(&data, &Device::Cpu)
+                    .map_err(err)?
+                    .to_vec_f32()
+                    .map_err(err)?;
+                let gpu = on(&data, &GPU).map_err(err)?.to_vec_f32().map_err(err)?;
+                let mag = on(&abs, &Device::Cpu)
+                    .map_err(err)?
+                    .to_vec_f32()
+                    .map_err(err)?;
+                let bf = dtype == DType::BF16;
+                compare(&cpu, &gpu, |i| {
+                    if exact {
+                        return 0.0;
+                    }
+                    let extra = if bf {
+                        bf16_ulp(cpu[i].abs().max(gpu[i].abs()))
+                    } else {
+                        0.0
+                    };
+                    2.0 * n as f32 * 2f32.powi(-24) * mag[i] + extra
+                })
+            })();
+            let bound = if exact {
+                "exact"
+            } else {
+                "2 n 2^-24 sum|terms|"
+            };
+            rep.line(&format!("split reduction {name} {dtype} [{bound}]"), r);
+        }
+    }
+}
+
 /// Gradient bound of the ops suite, relative to max|cpu| `scale`.
 fn graph_tol(bf: bool, scale: f32, c: f32, g: f32) -> f32 {
     if bf {
@@ -396,6 +474,7 @@ pub fn check_fused(rep: &mut Report) {
             run_vec_case(c, dtype, 500 + k as u64, rep);
         }
     }
+    check_split_reductions(rep);
     let shapes = [(1, 300, 64), (2, 37, 40), (3, 5, 33), (1, 1024, 3072)];
     for c in &fused_cases() {
         for dtype in [DType::F32, DType::BF16] {

@@ -27,6 +27,10 @@ const REDUCE_CHUNK: u64 = 16384;
 
 /// Rows of threads per CTA of `ops_reduce_cols` (COL_GROUPS in ops_rowwise.cu).
 const REDUCE_COL_GROUPS: u32 = 16;
+/// Reductions over a middle axis with fewer CTAs than [`REDUCE_SPLIT_ROWS`]
+/// (one per outer index and 32 inner positions) and an axis longer than
+/// twice this are split into chunks of it (`ops_reduce_cols_partial`).
+const REDUCE_COL_CHUNK: u64 = 512;
 
 /// Elements a thread of a `*_vec` kernel moves (VEC in ops_elementwise.cu).
 const VEC: usize = 8;
@@ -404,6 +408,52 @@ impl BackendStorage for CudaStorage {
                 &y,
                 &outer,
                 &n64,
+                &code
+            )?;
+        } else if outer * inner.div_ceil(32) < REDUCE_SPLIT_ROWS && n64 > 2 * REDUCE_COL_CHUNK {
+            let chunks = n64.div_ceil(REDUCE_COL_CHUNK);
+            let outputs = outer * inner;
+            let partial = self
+                .ctx()
+                .alloc((outputs * chunks) as usize * 4)
+                .map_err(backend_err)?;
+            let pp = partial.ptr();
+            let name = by_dtype(
+                self.dtype,
+                "ops_reduce_cols_partial_f32",
+                "ops_reduce_cols_partial_bf16",
+            );
+            let cfg = LaunchConfig {
+                grid_dim: ((outer * inner.div_ceil(32) * chunks) as u32, 1, 1),
+                block_dim: (32, REDUCE_COL_GROUPS, 1),
+                shared_mem_bytes: 0,
+            };
+            let chunk = REDUCE_COL_CHUNK;
+            launch!(
+                self.ctx(),
+                name,
+                cfg,
+                &x,
+                &pp,
+                &n64,
+                &inner,
+                &chunk,
+                &chunks,
+                &code
+            )?;
+            let name = by_dtype(
+                self.dtype,
+                "ops_reduce_rows_final_f32",
+                "ops_reduce_rows_final_bf16",
+            );
+            launch!(
+                self.ctx(),
+                name,
+                grid(outputs),
+                &pp,
+                &y,
+                &outputs,
+                &chunks,
                 &code
             )?;
         } else {
