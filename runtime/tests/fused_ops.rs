@@ -355,7 +355,10 @@ fn pieces_and_grad(
     let mut rng = Rng::new(8);
     let mut loss: Option<Tensor> = None;
     for &k in used {
-        let r = tensor(&rng.vec(pieces[k].elem_count(), -1.0, 1.0), pieces[k].dims());
+        let r = tensor(
+            &rng.vec(pieces[k].elem_count(), -1.0, 1.0),
+            pieces[k].dims(),
+        );
         let term = pieces[k].mul(&r).unwrap().sum_all().unwrap();
         loss = Some(match loss {
             Some(l) => l.add(&term).unwrap(),
