@@ -164,8 +164,9 @@ MODNORM_DX(fused_modnorm_dx_bf16_vec, u16, VEC)
 //    tokens ty, ty + SUM_GROUPS, .. of the chunk, row 0 adds the rows'
 //    sums in ty order and writes the chunk's f64 partials
 //    part[(chunk * batch + b) * d + j]: of g * v (pgv) and, when pg is not
-//    null, of g. v is y (gated residual: mean is null) or the LayerNorm
-//    output (x - mean) * rstd recomputed in f32 (modulated norm: x is y).
+//    null, of g. v is y (gated residual: mean and rstd are null), the
+//    LayerNorm output (x - mean) * rstd (modulated norm: x is y) or the
+//    RMSNorm output x * rstd (QK norm: mean is null), recomputed in f32.
 //    Grid (batch * ceil(d / 32) * chunks).
 // 2. fused_token_sums_final_*: one thread per (b, j) adds its chunks'
 //    partials in chunk order and rounds once to the output dtype.
@@ -187,7 +188,7 @@ __device__ __forceinline__ void token_sums(const T* g, const T* y, const float* 
         for (u64 t = t0 + threadIdx.y; t < t1; t += SUM_GROUPS) {
             const u64 r = b * tokens + t, i = r * d + j;
             const float gv = ld(g, i);
-            const float v = mean ? (ld(y, i) - mean[r]) * rstd[r] : ld(y, i);
+            const float v = rstd ? (mean ? ld(y, i) - mean[r] : ld(y, i)) * rstd[r] : ld(y, i);
             sgv += (double)gv * (double)v;
             sg += (double)gv;
         }
@@ -262,3 +263,85 @@ GATED_ADD(fused_gated_add_f32, float, 1)
 GATED_ADD(fused_gated_add_bf16, u16, 1)
 GATED_ADD(fused_gated_add_f32_vec, float, VEC)
 GATED_ADD(fused_gated_add_bf16_vec, u16, VEC)
+
+// ---------------------------------------------------------------------------
+// Flux's QK norm and RoPE (cpu/fused.rs rms_norm_rope), one thread per row of
+// d = 2 half elements, row r at position r % seq of the packed [seq, half]
+// tables: rstd = fl32(1 / sqrt(sum(x^2) / d + eps)) with the f64 sum in
+// element order (the CPU's order, so the same bits), z = (x * rstd) * w
+// rounded to T, out = (z0 c - z1 s, z0 s + z1 c) for each pair. Rows are a
+// head dimension wide (128 in Flux), too short to share among threads.
+
+// v rounded to T's precision and widened back (what a cast to T keeps).
+__device__ __forceinline__ float round_as(const float*, float v) { return v; }
+__device__ __forceinline__ float round_as(const u16*, float v) { return u2f((u32)bf16_from_f32(v) << 16); }
+
+template <class T>
+__device__ __forceinline__ void rms_rope(const T* x, const float* w, const T* cos, const T* sin, T* out,
+                                         float* rstd_out, u64 rows, u64 d, u64 seq, float eps) {
+    GRID_STRIDE(r, rows) {
+        const u64 row = r * d, half = d / 2, p = (r % seq) * half;
+        double q = 0.0;
+        for (u64 j = 0; j < d; ++j) {
+            const double t = (double)ld(x, row + j);
+            q += t * t;
+        }
+        const float rstd = (float)(1.0 / sqrt(q / (double)d + (double)eps));
+        for (u64 i = 0; i < half; ++i) {
+            const float z0 = round_as(x, (ld(x, row + 2 * i) * rstd) * w[2 * i]);
+            const float z1 = round_as(x, (ld(x, row + 2 * i + 1) * rstd) * w[2 * i + 1]);
+            const float c = ld(cos, p + i), s = ld(sin, p + i);
+            st(out, row + 2 * i, z0 * c - z1 * s);
+            st(out, row + 2 * i + 1, z0 * s + z1 * c);
+        }
+        rstd_out[r] = rstd;
+    }
+}
+extern "C" __global__ void fused_rms_rope_f32(const float* x, const float* w, const float* cos, const float* sin,
+                                              float* out, float* rstd, u64 rows, u64 d, u64 seq, float eps) {
+    rms_rope(x, w, cos, sin, out, rstd, rows, d, seq, eps);
+}
+extern "C" __global__ void fused_rms_rope_bf16(const u16* x, const float* w, const u16* cos, const u16* sin, u16* out,
+                                               float* rstd, u64 rows, u64 d, u64 seq, float eps) {
+    rms_rope(x, w, cos, sin, out, rstd, rows, d, seq, eps);
+}
+
+// Its dx, one thread per row (cpu/fused.rs rms_norm_rope_backward): g' = g
+// rotated back ((g0 c - g1 (-s), g0 (-s) + g1 c), rounded to T) goes to
+// back for the weight's gradient (fused_token_sums); with y = x * rstd and
+// dy = g' * w, m = fl32(sum(dy y) / d) (f64 sum in element order) and
+// dx = (dy - y * m) * rstd.
+template <class T>
+__device__ __forceinline__ void rms_rope_dx(const T* x, const float* w, const T* cos, const T* sin,
+                                            const float* rstd, const T* g, T* back, T* dx, u64 rows, u64 d,
+                                            u64 seq) {
+    GRID_STRIDE(r, rows) {
+        const u64 row = r * d, half = d / 2, p = (r % seq) * half;
+        const float rs = rstd[r];
+        double s_dyy = 0.0;
+        for (u64 i = 0; i < half; ++i) {
+            const float g0 = ld(g, row + 2 * i), g1 = ld(g, row + 2 * i + 1);
+            const float c = ld(cos, p + i), sn = -ld(sin, p + i);
+            const float h0 = round_as(g, g0 * c - g1 * sn), h1 = round_as(g, g0 * sn + g1 * c);
+            st(back, row + 2 * i, h0);
+            st(back, row + 2 * i + 1, h1);
+            s_dyy += (double)(h0 * w[2 * i]) * (double)(ld(x, row + 2 * i) * rs);
+            s_dyy += (double)(h1 * w[2 * i + 1]) * (double)(ld(x, row + 2 * i + 1) * rs);
+        }
+        const float m = (float)(s_dyy / (double)d);
+        for (u64 j = 0; j < d; ++j) {
+            const float dy = ld(back, row + j) * w[j], y = ld(x, row + j) * rs;
+            st(dx, row + j, (dy - y * m) * rs);
+        }
+    }
+}
+extern "C" __global__ void fused_rms_rope_dx_f32(const float* x, const float* w, const float* cos, const float* sin,
+                                                 const float* rstd, const float* g, float* back, float* dx, u64 rows,
+                                                 u64 d, u64 seq) {
+    rms_rope_dx(x, w, cos, sin, rstd, g, back, dx, rows, d, seq);
+}
+extern "C" __global__ void fused_rms_rope_dx_bf16(const u16* x, const float* w, const u16* cos, const u16* sin,
+                                                  const float* rstd, const u16* g, u16* back, u16* dx, u64 rows, u64 d,
+                                                  u64 seq) {
+    rms_rope_dx(x, w, cos, sin, rstd, g, back, dx, rows, d, seq);
+}

@@ -463,4 +463,53 @@ pub trait FusedBackend: BackendStorage {
     /// dgate `[batch, hidden]` of [`FusedBackend::gated_add`]: the sum of
     /// g * y over the tokens of each batch, in g's dtype.
     fn gated_add_dgate(g: &Self, y: &Self, shape: ModShape) -> Result<Self>;
+
+    /// Flux's QK norm and RoPE in one pass over x `[rows, d]` (d even; row
+    /// r at position r % seq of the `[seq, d / 2]` cos and sin tables, in
+    /// x's dtype) with an f32 `[d]` weight: rstd = fl32(1 / sqrt(eps +
+    /// mean(x^2))) in f64, z = (x rstd) weight in f32 rounded to x's dtype,
+    /// and out = z with pairs (2i, 2i + 1) rotated as
+    /// [`BackendStorage::rope_interleaved`] does. Returns out (x's dtype)
+    /// and the f32 rstd of each row.
+    fn rms_norm_rope(
+        x: &Self,
+        weight: &Self,
+        tables: [&Self; 2],
+        shape: RopeShape,
+        eps: f32,
+    ) -> Result<(Self, Self)>;
+
+    /// (dx in x's dtype, dweight in f32) from the gradient g of out: g'
+    /// = g rotated back (sin negated) and rounded to x's dtype, y = x rstd,
+    /// dy = g' weight, dx = (dy - y mean(dy y)) rstd, dweight = the sum of
+    /// g' y over the rows.
+    fn rms_norm_rope_backward(
+        saved: RmsRopeSaved<'_, Self>,
+        g: &Self,
+        shape: RopeShape,
+    ) -> Result<(Self, Self)>;
+}
+
+/// Sizes of [`FusedBackend::rms_norm_rope`]: `rows` rows of `d` elements,
+/// row r at position r % `seq` of the tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RopeShape {
+    /// Rows of x (batch times heads times positions).
+    pub rows: usize,
+    /// Row width (the head dimension), even.
+    pub d: usize,
+    /// Positions of the tables.
+    pub seq: usize,
+}
+
+/// What [`FusedBackend::rms_norm_rope_backward`] reads from the forward.
+pub struct RmsRopeSaved<'a, B> {
+    /// The forward's x `[rows, d]`.
+    pub x: &'a B,
+    /// The f32 weight `[d]`.
+    pub weight: &'a B,
+    /// The cos and sin tables `[seq, d / 2]`, in x's dtype.
+    pub tables: [&'a B; 2],
+    /// The f32 rstd of each row.
+    pub rstd: &'a B,
 }

@@ -215,4 +215,20 @@ impl crate::backend::FusedBackend for CudaStorage {
     fn gated_add_dgate(g: &Self, _: &Self, _: crate::backend::ModShape) -> Result<Self> {
         match *g {}
     }
+    fn rms_norm_rope(
+        x: &Self,
+        _: &Self,
+        _: [&Self; 2],
+        _: crate::backend::RopeShape,
+        _: f32,
+    ) -> Result<(Self, Self)> {
+        match *x {}
+    }
+    fn rms_norm_rope_backward(
+        saved: crate::backend::RmsRopeSaved<'_, Self>,
+        _: &Self,
+        _: crate::backend::RopeShape,
+    ) -> Result<(Self, Self)> {
+        match *saved.x {}
+    }
 }

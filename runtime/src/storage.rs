@@ -673,7 +673,7 @@ fn adamw_multi_on<'a, B: crate::backend::MultiOptimBackend + Variant>(
 }
 
 // The fused modulation ops (`crate::ops::fused`, [`FusedBackend`]).
-use crate::backend::{FusedBackend, ModNormSaved, ModShape};
+use crate::backend::{FusedBackend, ModNormSaved, ModShape, RmsRopeSaved, RopeShape};
 
 /// `views` packed, as storages of backend `B` on the device of the first.
 fn packed_all<'a, B: BackendStorage + Variant, const N: usize>(
@@ -730,6 +730,71 @@ fn gated_add_dgate_on<B: FusedBackend + Variant>(
 ) -> Result<Storage> {
     let [g, y] = packed_all::<B, 2>("gated_residual backward", views)?;
     Ok(B::gated_add_dgate(&g, &y, shape)?.wrap())
+}
+
+fn rms_norm_rope_on<B: FusedBackend + Variant>(
+    [x, weight, cos, sin]: [View; 4],
+    shape: RopeShape,
+    eps: f32,
+) -> Result<(Storage, Storage)> {
+    let op = "rms_norm_rope";
+    let first = x.0;
+    let [x, cos, sin] = packed_all::<B, 3>(op, [x, cos, sin])?;
+    let weight = packed::<B>(op, first, weight)?;
+    let (y, rstd) = B::rms_norm_rope(&x, &weight, [&cos, &sin], shape, eps)?;
+    Ok((y.wrap(), rstd.wrap()))
+}
+
+fn rms_norm_rope_backward_on<B: FusedBackend + Variant>(
+    [x, weight, cos, sin, rstd]: [View; 5],
+    g: View,
+    shape: RopeShape,
+) -> Result<(Storage, Storage)> {
+    let op = "rms_norm_rope backward";
+    let first = x.0;
+    let [x, cos, sin, g] = packed_all::<B, 4>(op, [x, cos, sin, g])?;
+    let (weight, rstd) = (
+        packed::<B>(op, first, weight)?,
+        packed::<B>(op, first, rstd)?,
+    );
+    let saved = RmsRopeSaved {
+        x: &*x,
+        weight: &*weight,
+        tables: [&*cos, &*sin],
+        rstd: &*rstd,
+    };
+    let (dx, dw) = B::rms_norm_rope_backward(saved, &g, shape)?;
+    Ok((dx.wrap(), dw.wrap()))
+}
+
+impl Storage {
+    /// [`FusedBackend::rms_norm_rope`] of x, the f32 weight and the cos and
+    /// sin tables (in that order; the tables in x's dtype): (out, rstd).
+    pub(crate) fn rms_norm_rope(
+        views: [View; 4],
+        shape: RopeShape,
+        eps: f32,
+    ) -> Result<(Storage, Storage)> {
+        let _p = crate::profile::scope("fused rms norm rope", views[0].0.device());
+        match views[0].0 {
+            Storage::Cpu(_) => rms_norm_rope_on::<CpuStorage>(views, shape, eps),
+            Storage::Cuda(_) => rms_norm_rope_on::<CudaStorage>(views, shape, eps),
+        }
+    }
+
+    /// [`FusedBackend::rms_norm_rope_backward`] from the saved x, weight,
+    /// cos, sin and rstd (in that order) and the gradient g: (dx, dweight).
+    pub(crate) fn rms_norm_rope_backward(
+        saved: [View; 5],
+        g: View,
+        shape: RopeShape,
+    ) -> Result<(Storage, Storage)> {
+        let _p = crate::profile::scope("fused rms norm rope backward", g.0.device());
+        match saved[0].0 {
+            Storage::Cpu(_) => rms_norm_rope_backward_on::<CpuStorage>(saved, g, shape),
+            Storage::Cuda(_) => rms_norm_rope_backward_on::<CudaStorage>(saved, g, shape),
+        }
+    }
 }
 
 impl Storage {

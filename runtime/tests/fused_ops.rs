@@ -396,3 +396,61 @@ fn split_fused_and_split_heads_are_the_compositions_exactly() {
     assert_eq!(q.dims(), &[2, 4, 5, 4]);
     assert!(split_heads(&qkv, 5).is_err(), "48 is not 3 * 5 * D");
 }
+
+/// Flux's former QK norm and RoPE: cast to f32, RMSNorm with the weight,
+/// cast back, rotate with the tables cast to x's dtype.
+fn composed_qk(x: &Tensor, w: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let z = x
+        .to_dtype(DType::F32)?
+        .rms_norm(w, EPS)?
+        .to_dtype(x.dtype())?;
+    z.rope_interleaved(&cos.to_dtype(x.dtype())?, &sin.to_dtype(x.dtype())?)
+}
+
+/// q of a `[2, 9, 3 * 4 * 16]` projection (a strided view), a weight
+/// near 1 and RoPE tables of 9 positions.
+fn qk_inputs(rng: &mut Rng) -> (Tensor, Tensor, Tensor, Tensor) {
+    use mxswitch_runtime::ops::split_heads;
+    let qkv = tensor(&rng.vec(2 * 9 * 192, -2.0, 2.0), &[2, 9, 192]);
+    let (q, _, _) = split_heads(&qkv, 4).unwrap();
+    let w = tensor(&rng.vec(16, 0.5, 1.5), &[16]);
+    let angles: Vec<f32> = rng.vec(9 * 8, -3.0, 3.0);
+    let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
+    let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
+    (q, w, tensor(&cos, &[9, 8]), tensor(&sin, &[9, 8]))
+}
+
+#[test]
+fn rms_norm_rope_is_the_composition() {
+    use mxswitch_runtime::ops::rms_norm_rope;
+    let mut rng = Rng::new(9);
+    let (q, w, cos, sin) = qk_inputs(&mut rng);
+    let r = rng.vec(q.elem_count(), -1.0, 1.0);
+    for dtype in [DType::F32, DType::BF16] {
+        let x = q.to_dtype(dtype).unwrap();
+        let fused = rms_norm_rope(&x, &w, &cos, &sin, EPS).unwrap();
+        let composed = composed_qk(&x, &w, &cos, &sin).unwrap();
+        assert_eq!(fused.dtype(), dtype);
+        assert_eq!(bits(&fused), bits(&composed), "forward {dtype}");
+        let inputs = [x, w.clone()];
+        let f = grads(
+            &|t| rms_norm_rope(&t[0], &t[1], &cos, &sin, EPS),
+            &inputs,
+            &r,
+        );
+        let c = grads(&|t| composed_qk(&t[0], &t[1], &cos, &sin), &inputs, &r);
+        // dx: the mean of dy y is an f64 sum here, an f32 one there, so a
+        // BF16 dx may round the other way.
+        let rel = if dtype == DType::BF16 { U } else { 1e-5 };
+        assert_within(&format!("rms_norm_rope dx {dtype}"), &f[0], &c[0], rel);
+        assert_within(
+            &format!("rms_norm_rope dweight {dtype}"),
+            &f[1],
+            &c[1],
+            1e-5,
+        );
+    }
+    gradcheck("rms_norm_rope", &[q, w], &|t| {
+        rms_norm_rope(&t[0], &t[1], &cos, &sin, EPS)
+    });
+}

@@ -10,9 +10,10 @@ use mxswitch_macros::{precision, Parameters};
 use mxswitch_runtime::linear::QuantLinear;
 use mxswitch_runtime::module::{Dense, Scale};
 use mxswitch_runtime::ops::{
-    gated_residual, modulated_layer_norm, scaled_dot_product_attention, split_fused, split_heads,
+    gated_residual, modulated_layer_norm, rms_norm_rope, scaled_dot_product_attention, split_fused,
+    split_heads,
 };
-use mxswitch_runtime::{DType, Device, Result, Tensor};
+use mxswitch_runtime::{Device, Result, Tensor};
 
 use super::config::FluxConfig;
 
@@ -118,19 +119,15 @@ impl QkNorm {
         }
     }
 
-    /// Normalized in f32, then cast back to v's dtype so q, k and v reach
-    /// attention in one dtype.
-    fn forward(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+    /// q and k normalized in f32, cast back to their dtype (v's: all three
+    /// come from one projection) so that attention sees one dtype, and
+    /// rotated by `pe` (the tables of their positions): one fused op each
+    /// ([`rms_norm_rope`]).
+    fn forward(&self, q: &Tensor, k: &Tensor, pe: &Rope) -> Result<(Tensor, Tensor)> {
         let qs = self.query_norm.get()?;
         let ks = self.key_norm.get()?;
-        let q = q
-            .to_dtype(DType::F32)?
-            .rms_norm(qs, EPS)?
-            .to_dtype(v.dtype())?;
-        let k = k
-            .to_dtype(DType::F32)?
-            .rms_norm(ks, EPS)?
-            .to_dtype(v.dtype())?;
+        let q = rms_norm_rope(q, qs, &pe.cos, &pe.sin, EPS)?;
+        let k = rms_norm_rope(k, ks, &pe.cos, &pe.sin, EPS)?;
         Ok((q, k))
     }
 }
@@ -143,11 +140,19 @@ pub struct Rope {
     pub sin: Tensor,
 }
 
-/// RoPE on q and k, attention, and heads merged back: [B, L, H].
-fn attention(q: &Tensor, k: &Tensor, v: &Tensor, pe: &Rope) -> Result<Tensor> {
-    let q = q.rope_interleaved(&pe.cos.to_dtype(q.dtype())?, &pe.sin.to_dtype(q.dtype())?)?;
-    let k = k.rope_interleaved(&pe.cos.to_dtype(k.dtype())?, &pe.sin.to_dtype(k.dtype())?)?;
-    let x = scaled_dot_product_attention(&q, &k, v)?; // [B, h, L, D]
+impl Rope {
+    /// The tables of positions `start..start + len` (views).
+    fn positions(&self, start: usize, len: usize) -> Result<Rope> {
+        Ok(Rope {
+            cos: self.cos.narrow(0, start, len)?,
+            sin: self.sin.narrow(0, start, len)?,
+        })
+    }
+}
+
+/// Attention of rotated q and k, and heads merged back: [B, L, H].
+fn attention(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    let x = scaled_dot_product_attention(q, k, v)?; // [B, h, L, D]
     let (b, h, l, d) = (x.dims()[0], x.dims()[1], x.dims()[2], x.dims()[3]);
     x.permute(&[0, 2, 1, 3])?.reshape([b, l, h * d])
 }
@@ -243,17 +248,20 @@ impl DoubleBlock {
 
         let img_in = img1.modulate_norm(img)?;
         let (iq, ik, iv) = split_heads(&self.img_qkv.forward(&img_in)?, self.heads)?;
-        let (iq, ik) = self.img_norm.forward(&iq, &ik, &iv)?;
+        // Text first in the joint sequence: the text tokens take the first
+        // positions of the tables.
+        let lt = txt.dims()[1];
+        let (iq, ik) = self
+            .img_norm
+            .forward(&iq, &ik, &pe.positions(lt, img.dims()[1])?)?;
         let txt_in = txt1.modulate_norm(txt)?;
         let (tq, tk, tv) = split_heads(&self.txt_qkv.forward(&txt_in)?, self.heads)?;
-        let (tq, tk) = self.txt_norm.forward(&tq, &tk, &tv)?;
+        let (tq, tk) = self.txt_norm.forward(&tq, &tk, &pe.positions(0, lt)?)?;
 
-        // Text first in the joint sequence.
         let q = Tensor::cat(&[&tq, &iq], 2)?;
         let k = Tensor::cat(&[&tk, &ik], 2)?;
         let v = Tensor::cat(&[&tv, &iv], 2)?;
-        let lt = txt.dims()[1];
-        let attn = attention(&q, &k, &v, pe)?;
+        let attn = attention(&q, &k, &v)?;
         let parts = split_fused(&attn, 1, &[lt, img.dims()[1]])?;
         let (txt_attn, img_attn) = (&parts[0], &parts[1]);
 
@@ -324,8 +332,8 @@ impl SingleBlock {
         let m = &self.modulation.forward(vec)?[0];
         let h = m.modulate_norm(x)?;
         let (q, k, v) = split_heads(&self.qkv.forward(&h)?, self.heads)?;
-        let (q, k) = self.norm.forward(&q, &k, &v)?;
-        let attn = attention(&q, &k, &v, pe)?;
+        let (q, k) = self.norm.forward(&q, &k, pe)?;
+        let attn = attention(&q, &k, &v)?;
         let mlp = self.mlp_fc1.forward(&h)?.gelu_tanh()?;
         let out = self
             .proj

@@ -8,7 +8,10 @@
 use std::borrow::Cow;
 
 use super::{for_each_row, for_each_row_weighted, CpuStorage};
-use crate::backend::{BackendStorage, FusedBackend, ModNormSaved, ModShape};
+use crate::backend::{
+    BackendStorage, FusedBackend, ModNormSaved, ModShape, RmsRopeSaved, RopeShape,
+};
+use crate::formats::bf16;
 use crate::{DType, Error, Layout, Result, Shape};
 
 /// Columns of `[batch, hidden]` one task of a sum over tokens owns.
@@ -47,6 +50,27 @@ fn row_stats(x: &[f32], d: usize, eps: f32) -> Vec<(f32, f32)> {
         dst[0] = (mean as f32, (1.0 / (var + f64::from(eps)).sqrt()) as f32);
     });
     stats
+}
+
+/// fl32(1 / sqrt(mean(x^2) + eps)) of each row of length `d`, in f64 as
+/// `rowwise::norm` computes it for RMSNorm.
+fn rms_stats(x: &[f32], d: usize, eps: f32) -> Vec<f32> {
+    let rows = x.len().checked_div(d).unwrap_or(0);
+    let mut rstd = vec![0f32; rows];
+    for_each_row_weighted(&mut rstd, 1, d, |r, dst| {
+        let row = &x[r * d..(r + 1) * d];
+        let var = row.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / d as f64;
+        dst[0] = (1.0 / (var + f64::from(eps)).sqrt()) as f32;
+    });
+    rstd
+}
+
+/// `v` rounded to `dtype` and widened back (what a cast to it keeps).
+fn round_to(dtype: DType, v: f32) -> f32 {
+    match dtype {
+        DType::BF16 => bf16::round(v),
+        _ => v,
+    }
 }
 
 /// For each (batch b, column j) of `[batch, hidden]`: the f64 sums over the
@@ -182,6 +206,96 @@ impl FusedBackend for CpuStorage {
             }
         });
         Ok(CpuStorage::from_f32(out, x.dtype()))
+    }
+
+    fn rms_norm_rope(
+        x: &CpuStorage,
+        weight: &CpuStorage,
+        [cos, sin]: [&CpuStorage; 2],
+        shape: RopeShape,
+        eps: f32,
+    ) -> Result<(CpuStorage, CpuStorage)> {
+        let op = "rms_norm_rope";
+        let RopeShape { rows, d, seq } = shape;
+        let half = d / 2;
+        let (xv, w) = (values(x, op)?, values(weight, op)?);
+        let (c, s) = (values(cos, op)?, values(sin, op)?);
+        expect_len(&xv, rows * d, "x", op)?;
+        expect_len(&w, d, "the weight", op)?;
+        expect_len(&c, seq * half, "cos", op)?;
+        expect_len(&s, seq * half, "sin", op)?;
+        let dt = x.dtype();
+        let rstd = rms_stats(&xv, d, eps);
+        let mut out = vec![0f32; xv.len()];
+        for_each_row(&mut out, d, |r, dst| {
+            // The composition: RMSNorm (x - 0) * rstd, times the weight, cast
+            // to x's dtype, then rope_interleaved's rotation.
+            let z = |j: usize| round_to(dt, (xv[r * d + j] * rstd[r]) * w[j]);
+            let p = (r % seq) * half;
+            for (i, o) in dst.chunks_exact_mut(2).enumerate() {
+                let (z0, z1, ci, si) = (z(2 * i), z(2 * i + 1), c[p + i], s[p + i]);
+                o[0] = z0 * ci - z1 * si;
+                o[1] = z0 * si + z1 * ci;
+            }
+        });
+        Ok((CpuStorage::from_f32(out, dt), CpuStorage::F32(rstd)))
+    }
+
+    fn rms_norm_rope_backward(
+        saved: RmsRopeSaved<'_, CpuStorage>,
+        g: &CpuStorage,
+        shape: RopeShape,
+    ) -> Result<(CpuStorage, CpuStorage)> {
+        let op = "rms_norm_rope backward";
+        let RopeShape { rows, d, seq } = shape;
+        let half = d / 2;
+        let (xv, w, gv) = (
+            values(saved.x, op)?,
+            values(saved.weight, op)?,
+            values(g, op)?,
+        );
+        let (c, s) = (values(saved.tables[0], op)?, values(saved.tables[1], op)?);
+        let rstd = values(saved.rstd, op)?;
+        expect_len(&xv, rows * d, "x", op)?;
+        expect_len(&gv, rows * d, "the gradient", op)?;
+        expect_len(&w, d, "the weight", op)?;
+        expect_len(&c, seq * half, "cos", op)?;
+        expect_len(&s, seq * half, "sin", op)?;
+        expect_len(&rstd, rows, "rstd", op)?;
+        let dt = saved.x.dtype();
+        // g rotated back (rope_interleaved with -sin) in x's dtype.
+        let mut back = vec![0f32; gv.len()];
+        for_each_row(&mut back, d, |r, dst| {
+            let p = (r % seq) * half;
+            let row = &gv[r * d..(r + 1) * d];
+            for (i, (o, v)) in dst.chunks_exact_mut(2).zip(row.chunks_exact(2)).enumerate() {
+                let (ci, sn) = (c[p + i], -s[p + i]);
+                o[0] = round_to(dt, v[0] * ci - v[1] * sn);
+                o[1] = round_to(dt, v[0] * sn + v[1] * ci);
+            }
+        });
+        let y = |r: usize, j: usize| xv[r * d + j] * rstd[r];
+        let mut dx = vec![0f32; xv.len()];
+        for_each_row(&mut dx, d, |r, dst| {
+            let dy = |j: usize| back[r * d + j] * w[j];
+            let s_dyy: f64 = (0..d).map(|j| f64::from(dy(j)) * f64::from(y(r, j))).sum();
+            let m = (s_dyy / d as f64) as f32;
+            for (j, o) in dst.iter_mut().enumerate() {
+                *o = (dy(j) - y(r, j) * m) * rstd[r];
+            }
+        });
+        let rows_shape = ModShape {
+            batch: 1,
+            tokens: rows,
+            hidden: d,
+        };
+        let dw = sum_over_tokens(rows_shape, |r, j| {
+            [f64::from(back[r * d + j]) * f64::from(y(r, j))]
+        });
+        Ok((
+            CpuStorage::from_f32(dx, dt),
+            round_sums(dw.iter().map(|s| s[0]), DType::F32),
+        ))
     }
 
     fn gated_add_dgate(g: &CpuStorage, y: &CpuStorage, shape: ModShape) -> Result<CpuStorage> {

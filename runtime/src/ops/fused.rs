@@ -9,6 +9,9 @@
 //! - [`gated_residual`]: x + gate * y, the gated residual add, one pass
 //!   instead of two, and a backward of one multiply and one fused sum.
 //!
+//! - [`rms_norm_rope`]: Flux's QK norm (RMSNorm in f32 with a learnable
+//!   scale, cast back) and the RoPE after it, one pass over q or k where
+//!   the composition casts, normalizes, scales, casts and rotates.
 //! - [`split_fused`] and [`split_heads`]: views of pieces of a tensor (the
 //!   modulation vectors, the text and image parts of the joint sequence,
 //!   q, k and v of a fused projection) whose backward writes the input's
@@ -22,7 +25,7 @@
 
 #[allow(unused_imports)] // for the doc links
 use crate::backend::FusedBackend;
-use crate::backend::ModShape;
+use crate::backend::{ModShape, RopeShape};
 use crate::ops::{apply_custom, CustomOp};
 use crate::storage::Storage;
 use crate::{DType, Device, Error, Layout, Result, Shape, Tensor};
@@ -416,5 +419,133 @@ impl CustomOp for SplitHeads {
         Ok(vec![Some(
             Tensor::cat(&parts, 2)?.reshape(self.dims.clone())?,
         )])
+    }
+}
+
+/// Flux's QK norm and RoPE as one op: `x.to_dtype(F32).rms_norm(weight,
+/// eps)` cast back to x's dtype, then `rope_interleaved` with the tables
+/// cast to x's dtype, with that composition's bits (the same f32
+/// operations and roundings, the statistic in f64 in element order) in one
+/// pass over x. x `[.., L, D]` (D even; f32 or BF16), weight `[D]` f32,
+/// cos and sin `[L, D/2]` constants (they may not track gradients).
+pub fn rms_norm_rope(
+    x: &Tensor,
+    weight: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    eps: f32,
+) -> Result<Tensor> {
+    let op = "rms_norm_rope";
+    let r = x.rank();
+    if r < 2 || x.dims()[r - 1] % 2 != 0 {
+        return Err(Error::Shape(format!(
+            "{op}: x must be [.., L, D] with D even, got {:?}",
+            x.shape()
+        )));
+    }
+    let (l, d) = (x.dims()[r - 2], x.dims()[r - 1]);
+    if weight.dims() != [d] || cos.dims() != [l, d / 2] || sin.dims() != [l, d / 2] {
+        return Err(Error::Shape(format!(
+            "{op}: weight {:?}, cos {:?} and sin {:?} must be [{d}], [{l}, {}] and [{l}, {}] for x {:?}",
+            weight.shape(),
+            cos.shape(),
+            sin.shape(),
+            d / 2,
+            d / 2,
+            x.shape()
+        )));
+    }
+    if !matches!(x.dtype(), DType::F32 | DType::BF16) || weight.dtype() != DType::F32 {
+        return Err(Error::DType(format!(
+            "{op}: x must be f32 or bf16 and the weight f32, got {} and {}",
+            x.dtype(),
+            weight.dtype()
+        )));
+    }
+    if crate::is_grad_enabled() && (cos.tracks_grad() || sin.tracks_grad()) {
+        return Err(Error::Autograd(format!(
+            "{op}: the cos/sin tables must not track gradients"
+        )));
+    }
+    let op = RmsRope {
+        shape: RopeShape {
+            rows: x.elem_count() / d.max(1),
+            d,
+            seq: l,
+        },
+        eps,
+        x_dims: x.shape().clone(),
+        cos: cos.detach().to_dtype(x.dtype())?,
+        sin: sin.detach().to_dtype(x.dtype())?,
+    };
+    Ok(apply_custom(op, &[x, weight])?.remove(0))
+}
+
+/// One [`rms_norm_rope`] on the tape, with its tables in x's dtype.
+struct RmsRope {
+    shape: RopeShape,
+    eps: f32,
+    x_dims: Shape,
+    cos: Tensor,
+    sin: Tensor,
+}
+
+/// What its backward reads besides the tables: x, the weight, rstd.
+struct RmsRopeSaved {
+    x: Tensor,
+    weight: Tensor,
+    rstd: Tensor,
+}
+
+impl CustomOp for RmsRope {
+    type Saved = Option<RmsRopeSaved>;
+
+    fn name(&self) -> &str {
+        "rms_norm_rope"
+    }
+
+    fn forward(
+        &self,
+        inputs: &[Tensor],
+        needs_backward: bool,
+    ) -> Result<(Vec<Tensor>, Option<RmsRopeSaved>)> {
+        let (x, w) = (&inputs[0], &inputs[1]);
+        let views = [view(x), view(w), view(&self.cos), view(&self.sin)];
+        let (y, rstd) = Storage::rms_norm_rope(views, self.shape, self.eps)?;
+        let saved = needs_backward.then(|| RmsRopeSaved {
+            x: x.clone(),
+            weight: w.clone(),
+            rstd: Tensor::untracked(rstd, Shape::from([self.shape.rows])),
+        });
+        Ok((vec![Tensor::untracked(y, self.x_dims.clone())], saved))
+    }
+
+    fn saved_bytes(&self, saved: &Option<RmsRopeSaved>) -> usize {
+        saved
+            .as_ref()
+            .map_or(0, |s| bytes(&[&s.x, &s.weight, &s.rstd]))
+    }
+
+    fn backward(
+        &self,
+        saved: &Option<RmsRopeSaved>,
+        grads: &[Option<Tensor>],
+    ) -> Result<Vec<Option<Tensor>>> {
+        let (Some(s), Some(g)) = (saved, &grads[0]) else {
+            return Ok(vec![None, None]);
+        };
+        let g = g.to_dtype(s.x.dtype())?;
+        let saved = [
+            view(&s.x),
+            view(&s.weight),
+            view(&self.cos),
+            view(&self.sin),
+            view(&s.rstd),
+        ];
+        let (dx, dw) = Storage::rms_norm_rope_backward(saved, view(&g), self.shape)?;
+        Ok(vec![
+            Some(Tensor::untracked(dx, self.x_dims.clone())),
+            Some(Tensor::untracked(dw, s.weight.shape().clone())),
+        ])
     }
 }

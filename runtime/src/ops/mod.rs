@@ -14,7 +14,7 @@ mod math;
 mod nn;
 mod view;
 
-pub use custom::{apply_custom, CustomOp};
 pub use attention::scaled_dot_product_attention;
-pub use fused::{gated_residual, modulated_layer_norm, split_fused, split_heads};
+pub use custom::{apply_custom, CustomOp};
+pub use fused::{gated_residual, modulated_layer_norm, rms_norm_rope, split_fused, split_heads};
 pub use nn::{attention_unfused, linear, mse_loss};

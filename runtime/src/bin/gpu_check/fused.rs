@@ -13,6 +13,11 @@
 //! in BF16) for gelu_tanh, silu and exp (CUDA's expf is within 2 ulp of
 //! libm's, composed once more).
 //!
+//! rms_norm_rope (QK norm and RoPE), CUDA against the CPU on q views of a
+//! fused projection (head dims 32 and 128, over one token-sum chunk): out
+//! and dx bit for bit (the same f32 operations, each row's f64 sums in
+//! element order on both sides), dweight within 2 f32 ulp.
+//!
 //! Split reductions: sums and maxima over a long axis with few outputs
 //! (`ops_reduce_cols_partial`), sums within 2 n 2^-24 sum|terms| of the
 //! CPU's, maxima exact.
@@ -32,7 +37,9 @@
 //!   f32 ulp, in BF16 2^-7 max|cpu| + 1 BF16 ulp).
 
 use mxswitch_runtime::cuda::CudaContext;
-use mxswitch_runtime::ops::{gated_residual, modulated_layer_norm, split_fused, split_heads};
+use mxswitch_runtime::ops::{
+    gated_residual, modulated_layer_norm, rms_norm_rope, split_fused, split_heads,
+};
 use mxswitch_runtime::{DType, Device, Param, Result, Tensor};
 
 use crate::common::{bf16_ulp, compare, err, f32_ulp, median_ms, Report, Rng, Start};
@@ -467,6 +474,82 @@ fn run_fused_case(c: &FusedCase, dtype: DType, shape: (usize, usize, usize), rep
     }
 }
 
+/// rms_norm_rope's output and gradients for q of a `[b, l, 3 h d]`
+/// projection (a strided view) with tables of l positions.
+fn rms_rope_run(
+    dev: &Device,
+    dtype: DType,
+    (b, l, h, d): (usize, usize, usize, usize),
+) -> Result<Vec<Vec<f32>>> {
+    let mut rng = Rng::new(31 + (l * d) as u64);
+    let qkv = tensor(
+        &sample(&mut rng, b * l * 3 * h * d, Dist::Sym),
+        &[b, l, 3 * h * d],
+        dtype,
+        dev,
+    )?;
+    let w = tensor(&sample(&mut rng, d, Dist::Pos), &[d], DType::F32, dev)?;
+    let angles = sample(&mut rng, l * d / 2, Dist::Sym);
+    let table = |f: fn(f32) -> f32| {
+        let v: Vec<f32> = angles.iter().map(|&a| f(a)).collect();
+        tensor(&v, &[l, d / 2], DType::F32, dev)
+    };
+    let (cos, sin) = (table(f32::cos)?, table(f32::sin)?);
+    let (q, _, _) = split_heads(&qkv, h)?;
+    let (xp, wp) = (Param::new(q)?, Param::new(w)?);
+    let out = rms_norm_rope(&xp, &wp, &cos, &sin, 1e-6)?;
+    let r = tensor(
+        &sample(&mut rng, out.elem_count(), Dist::Sym),
+        out.dims(),
+        dtype,
+        dev,
+    )?;
+    let g = out.mul(&r)?.sum_all()?.backward()?;
+    let grad = |p: &Param| match g.get(p.id()) {
+        Some(t) => t.to_vec_f32(),
+        None => Ok(vec![0.0; p.elem_count()]),
+    };
+    Ok(vec![out.to_vec_f32()?, grad(&xp)?, grad(&wp)?])
+}
+
+/// rms_norm_rope on the GPU against the CPU: out and dx bit for bit (the
+/// same f32 operations, each row's f64 sums in element order on both
+/// sides), dweight within 2 f32 ulp (f64 sums over rows in another order).
+fn check_rms_rope(rep: &mut Report) {
+    let bounds = [
+        ("out", Bound::Exact),
+        ("dx", Bound::Exact),
+        ("dweight", Bound::Ulps(2.0)),
+    ];
+    for shape in [(2, 300, 4, 32), (1, 1024, 24, 128)] {
+        for dtype in [DType::F32, DType::BF16] {
+            let tag = format!(
+                "rms_norm_rope {dtype} [b, l, h, d] = {:?}",
+                [shape.0, shape.1, shape.2, shape.3]
+            );
+            let runs = (|| -> std::result::Result<_, String> {
+                Ok((
+                    rms_rope_run(&Device::Cpu, dtype, shape).map_err(err)?,
+                    rms_rope_run(&GPU, dtype, shape).map_err(err)?,
+                ))
+            })();
+            let (cpu, gpu) = match runs {
+                Ok(r) => r,
+                Err(e) => {
+                    rep.line(&tag, Err(e));
+                    continue;
+                }
+            };
+            for (k, (what, bound)) in bounds.iter().enumerate() {
+                // dweight is f32 whatever x's dtype.
+                let bf = dtype == DType::BF16 && k < 2;
+                let r = bound.check(bf, &cpu[k], &gpu[k]);
+                rep.line(&format!("{tag} {what} [{}]", bound.name()), r);
+            }
+        }
+    }
+}
+
 /// The suite: every vector-kernel case in f32 and BF16, then the fused ops.
 pub fn check_fused(rep: &mut Report) {
     for (k, c) in vec_cases().iter().enumerate() {
@@ -475,6 +558,7 @@ pub fn check_fused(rep: &mut Report) {
         }
     }
     check_split_reductions(rep);
+    check_rms_rope(rep);
     let shapes = [(1, 300, 64), (2, 37, 40), (3, 5, 33), (1, 1024, 3072)];
     for c in &fused_cases() {
         for dtype in [DType::F32, DType::BF16] {

@@ -9,7 +9,9 @@
 use cudarc::driver::LaunchConfig;
 
 use super::{backend_err, by_dtype, grid, row_grid, CudaStorage, OPS};
-use crate::backend::{BackendDevice, FusedBackend, ModNormSaved, ModShape};
+use crate::backend::{
+    BackendDevice, FusedBackend, ModNormSaved, ModShape, RmsRopeSaved, RopeShape,
+};
 use crate::{DType, Error, Result};
 
 /// Elements of one 16-byte group (VEC in ops_elementwise.cu).
@@ -60,12 +62,12 @@ fn kernel(dtype: DType, vec: bool, names: [&'static str; 4]) -> &'static str {
 impl CudaStorage {
     /// The sums over tokens of `shape` (ops_fused.cu `fused_token_sums`): of
     /// g * v into `out_gv` and, when given, of g into `out_g`, both
-    /// `[batch, hidden]` in g's dtype. v is y, or with `stats` (mean, rstd)
-    /// the LayerNorm output of x = y recomputed.
+    /// `[batch, hidden]` of one dtype. v is y, or with `stats` (mean or
+    /// none, rstd) the LayerNorm or RMSNorm output of x = y recomputed.
     fn token_sums(
         g: &CudaStorage,
         y: &CudaStorage,
-        stats: Option<(&CudaStorage, &CudaStorage)>,
+        stats: Option<(Option<&CudaStorage>, &CudaStorage)>,
         shape: ModShape,
         out_gv: &CudaStorage,
         out_g: Option<&CudaStorage>,
@@ -97,7 +99,8 @@ impl CudaStorage {
             block_dim: (32, SUM_GROUPS, 1),
             shared_mem_bytes: 0,
         };
-        let (mean, rstd) = stats.map_or((0, 0), |(m, r)| (m.buf.ptr(), r.buf.ptr()));
+        let (mean, rstd) =
+            stats.map_or((0, 0), |(m, r)| (m.map_or(0, |m| m.buf.ptr()), r.buf.ptr()));
         let (gp, yp, pgv_p) = (g.buf.ptr(), y.buf.ptr(), pgv.ptr());
         let pg_p = pg.as_ref().map_or(0, |p| p.ptr());
         let (b64, t64, d64, c64) = (batch as u64, tokens as u64, hidden as u64, chunks as u64);
@@ -105,7 +108,7 @@ impl CudaStorage {
         launch!(ctx, name, cfg, &gp, &yp, &mean, &rstd, &pgv_p, &pg_p, &b64, &t64, &d64, &c64)?;
         let (ogv, og, n64) = (out_gv.buf.ptr(), out_g.map_or(0, |o| o.buf.ptr()), n as u64);
         let name = by_dtype(
-            g.dtype,
+            out_gv.dtype,
             "fused_token_sums_final_f32",
             "fused_token_sums_final_bf16",
         );
@@ -235,7 +238,14 @@ impl FusedBackend for CudaStorage {
             dev.alloc(shape.batch * d, dt)?,
             dev.alloc(shape.batch * d, dt)?,
         );
-        CudaStorage::token_sums(g, x, Some((mean, rstd)), shape, &dscale, Some(&dshift))?;
+        CudaStorage::token_sums(
+            g,
+            x,
+            Some((Some(mean), rstd)),
+            shape,
+            &dscale,
+            Some(&dshift),
+        )?;
         Ok((dx, dshift, dscale))
     }
 
@@ -276,6 +286,118 @@ impl FusedBackend for CudaStorage {
         let cfg = grid((n / per_thread) as u64);
         launch!(x.ctx(), name, cfg, &xp, &gp, &yp, &op_, &n64, &d64, &t64)?;
         Ok(out)
+    }
+
+    fn rms_norm_rope(
+        x: &CudaStorage,
+        weight: &CudaStorage,
+        [cos, sin]: [&CudaStorage; 2],
+        shape: RopeShape,
+        eps: f32,
+    ) -> Result<(CudaStorage, CudaStorage)> {
+        let op = "rms_norm_rope";
+        let (RopeShape { rows, d, seq }, dt) = (shape, x.dtype);
+        float(op, dt)?;
+        expect(op, x, "x", rows * d, dt)?;
+        expect(op, weight, "the weight", d, DType::F32)?;
+        expect(op, cos, "cos", seq * (d / 2), dt)?;
+        expect(op, sin, "sin", seq * (d / 2), dt)?;
+        let out = x.device.alloc(rows * d, dt)?;
+        let rstd = x.device.alloc(rows, DType::F32)?;
+        if rows * d == 0 {
+            return Ok((out, rstd));
+        }
+        let name = by_dtype(dt, "fused_rms_rope_f32", "fused_rms_rope_bf16");
+        let (xp, wp, cp, sp, outp, rp) = (
+            x.buf.ptr(),
+            weight.buf.ptr(),
+            cos.buf.ptr(),
+            sin.buf.ptr(),
+            out.buf.ptr(),
+            rstd.buf.ptr(),
+        );
+        let (r64, d64, s64) = (rows as u64, d as u64, seq as u64);
+        launch!(
+            x.ctx(),
+            name,
+            grid(r64),
+            &xp,
+            &wp,
+            &cp,
+            &sp,
+            &outp,
+            &rp,
+            &r64,
+            &d64,
+            &s64,
+            &eps
+        )?;
+        Ok((out, rstd))
+    }
+
+    fn rms_norm_rope_backward(
+        saved: RmsRopeSaved<'_, CudaStorage>,
+        g: &CudaStorage,
+        shape: RopeShape,
+    ) -> Result<(CudaStorage, CudaStorage)> {
+        let op = "rms_norm_rope backward";
+        let RmsRopeSaved {
+            x,
+            weight,
+            tables: [cos, sin],
+            rstd,
+        } = saved;
+        let (RopeShape { rows, d, seq }, dt) = (shape, x.dtype);
+        float(op, dt)?;
+        expect(op, x, "x", rows * d, dt)?;
+        expect(op, g, "the gradient", rows * d, dt)?;
+        expect(op, weight, "the weight", d, DType::F32)?;
+        expect(op, cos, "cos", seq * (d / 2), dt)?;
+        expect(op, sin, "sin", seq * (d / 2), dt)?;
+        expect(op, rstd, "rstd", rows, DType::F32)?;
+        let dev = &x.device;
+        let dx = dev.alloc(rows * d, dt)?;
+        if rows * d == 0 {
+            return Ok((dx, dev.zeros(&crate::Shape::from([d]), DType::F32)?));
+        }
+        // g rotated back, in x's dtype: the weight's gradient reads it.
+        let back = dev.alloc(rows * d, dt)?;
+        let name = by_dtype(dt, "fused_rms_rope_dx_f32", "fused_rms_rope_dx_bf16");
+        let (xp, wp, cp, sp, rp, gp, bp, dxp) = (
+            x.buf.ptr(),
+            weight.buf.ptr(),
+            cos.buf.ptr(),
+            sin.buf.ptr(),
+            rstd.buf.ptr(),
+            g.buf.ptr(),
+            back.buf.ptr(),
+            dx.buf.ptr(),
+        );
+        let (r64, d64, s64) = (rows as u64, d as u64, seq as u64);
+        launch!(
+            x.ctx(),
+            name,
+            grid(r64),
+            &xp,
+            &wp,
+            &cp,
+            &sp,
+            &rp,
+            &gp,
+            &bp,
+            &dxp,
+            &r64,
+            &d64,
+            &s64
+        )?;
+        let dw = dev.alloc(d, DType::F32)?;
+        let rows_shape = ModShape {
+            batch: 1,
+            tokens: rows,
+            hidden: d,
+        };
+        CudaStorage::token_sums(&back, x, Some((None, rstd)), rows_shape, &dw, None)?;
+        Ok((dx, dw))
     }
 
     fn gated_add_dgate(g: &CudaStorage, y: &CudaStorage, shape: ModShape) -> Result<CudaStorage> {
