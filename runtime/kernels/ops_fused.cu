@@ -276,72 +276,138 @@ GATED_ADD(fused_gated_add_bf16_vec, u16, VEC)
 __device__ __forceinline__ float round_as(const float*, float v) { return v; }
 __device__ __forceinline__ float round_as(const u16*, float v) { return u2f((u32)bf16_from_f32(v) << 16); }
 
-template <class T>
+// W = VEC (d % VEC == 0: 16-byte groups of x, g, out and the weight) or 1;
+// either way each row's elements go through the f64 sums in order.
+template <class T, int W>
 __device__ __forceinline__ void rms_rope(const T* x, const float* w, const T* cos, const T* sin, T* out,
                                          float* rstd_out, u64 rows, u64 d, u64 seq, float eps) {
+    static_assert(W % 2 == 0 || W == 1, "whole pairs per group, or one element");
     GRID_STRIDE(r, rows) {
         const u64 row = r * d, half = d / 2, p = (r % seq) * half;
         double q = 0.0;
-        for (u64 j = 0; j < d; ++j) {
-            const double t = (double)ld(x, row + j);
-            q += t * t;
+        for (u64 j = 0; j < d; j += W) {
+            float v[W];
+            ld_w<W>(x + row, j, v);
+#pragma unroll
+            for (int k = 0; k < W; ++k) {
+                const double t = (double)v[k];
+                q += t * t;
+            }
         }
         const float rstd = (float)(1.0 / sqrt(q / (double)d + (double)eps));
-        for (u64 i = 0; i < half; ++i) {
-            const float z0 = round_as(x, (ld(x, row + 2 * i) * rstd) * w[2 * i]);
-            const float z1 = round_as(x, (ld(x, row + 2 * i + 1) * rstd) * w[2 * i + 1]);
-            const float c = ld(cos, p + i), s = ld(sin, p + i);
-            st(out, row + 2 * i, z0 * c - z1 * s);
-            st(out, row + 2 * i + 1, z0 * s + z1 * c);
+        // z of pair i is (z[2i], z[2i + 1]); a group of W >= 2 holds W / 2 pairs.
+        constexpr int P = W == 1 ? 2 : W;
+        for (u64 j = 0; j < d; j += P) {
+            float v[P], wv[P];
+            if constexpr (W == 1) {
+                v[0] = ld(x, row + j);
+                v[1] = ld(x, row + j + 1);
+                wv[0] = w[j];
+                wv[1] = w[j + 1];
+            } else {
+                ld_w<W>(x + row, j, v);
+                ld_w<W>(w, j, wv);
+            }
+#pragma unroll
+            for (int k = 0; k < P; k += 2) {
+                const float z0 = round_as(x, (v[k] * rstd) * wv[k]);
+                const float z1 = round_as(x, (v[k + 1] * rstd) * wv[k + 1]);
+                const u64 t = p + (j + k) / 2;
+                const float c = ld(cos, t), s = ld(sin, t);
+                v[k] = z0 * c - z1 * s;
+                v[k + 1] = z0 * s + z1 * c;
+            }
+            if constexpr (W == 1) {
+                st(out, row + j, v[0]);
+                st(out, row + j + 1, v[1]);
+            } else {
+                st_w<W>(out + row, j, v);
+            }
         }
         rstd_out[r] = rstd;
     }
 }
-extern "C" __global__ void fused_rms_rope_f32(const float* x, const float* w, const float* cos, const float* sin,
-                                              float* out, float* rstd, u64 rows, u64 d, u64 seq, float eps) {
-    rms_rope(x, w, cos, sin, out, rstd, rows, d, seq, eps);
-}
-extern "C" __global__ void fused_rms_rope_bf16(const u16* x, const float* w, const u16* cos, const u16* sin, u16* out,
-                                               float* rstd, u64 rows, u64 d, u64 seq, float eps) {
-    rms_rope(x, w, cos, sin, out, rstd, rows, d, seq, eps);
-}
+
+#define RMS_ROPE(NAME, T, W)                                                                                       \
+    extern "C" __global__ void NAME(const T* x, const float* w, const T* cos, const T* sin, T* out, float* rstd,  \
+                                    u64 rows, u64 d, u64 seq, float eps) {                                         \
+        rms_rope<T, W>(x, w, cos, sin, out, rstd, rows, d, seq, eps);                                              \
+    }
+RMS_ROPE(fused_rms_rope_f32, float, 1)
+RMS_ROPE(fused_rms_rope_bf16, u16, 1)
+RMS_ROPE(fused_rms_rope_f32_vec, float, VEC)
+RMS_ROPE(fused_rms_rope_bf16_vec, u16, VEC)
 
 // Its dx, one thread per row (cpu/fused.rs rms_norm_rope_backward): g' = g
 // rotated back ((g0 c - g1 (-s), g0 (-s) + g1 c), rounded to T) goes to
 // back for the weight's gradient (fused_token_sums); with y = x * rstd and
 // dy = g' * w, m = fl32(sum(dy y) / d) (f64 sum in element order) and
-// dx = (dy - y * m) * rstd.
-template <class T>
+// dx = (dy - y * m) * rstd. W as for rms_rope.
+template <class T, int W>
 __device__ __forceinline__ void rms_rope_dx(const T* x, const float* w, const T* cos, const T* sin,
                                             const float* rstd, const T* g, T* back, T* dx, u64 rows, u64 d,
                                             u64 seq) {
+    constexpr int P = W == 1 ? 2 : W;
     GRID_STRIDE(r, rows) {
         const u64 row = r * d, half = d / 2, p = (r % seq) * half;
         const float rs = rstd[r];
         double s_dyy = 0.0;
-        for (u64 i = 0; i < half; ++i) {
-            const float g0 = ld(g, row + 2 * i), g1 = ld(g, row + 2 * i + 1);
-            const float c = ld(cos, p + i), sn = -ld(sin, p + i);
-            const float h0 = round_as(g, g0 * c - g1 * sn), h1 = round_as(g, g0 * sn + g1 * c);
-            st(back, row + 2 * i, h0);
-            st(back, row + 2 * i + 1, h1);
-            s_dyy += (double)(h0 * w[2 * i]) * (double)(ld(x, row + 2 * i) * rs);
-            s_dyy += (double)(h1 * w[2 * i + 1]) * (double)(ld(x, row + 2 * i + 1) * rs);
+        for (u64 j = 0; j < d; j += P) {
+            float gv[P], xv[P], wv[P];
+            if constexpr (W == 1) {
+                for (int k = 0; k < 2; ++k) {
+                    gv[k] = ld(g, row + j + k);
+                    xv[k] = ld(x, row + j + k);
+                    wv[k] = w[j + k];
+                }
+            } else {
+                ld_w<W>(g + row, j, gv);
+                ld_w<W>(x + row, j, xv);
+                ld_w<W>(w, j, wv);
+            }
+#pragma unroll
+            for (int k = 0; k < P; k += 2) {
+                const u64 t = p + (j + k) / 2;
+                const float c = ld(cos, t), sn = -ld(sin, t);
+                const float g0 = gv[k], g1 = gv[k + 1];
+                gv[k] = round_as(g, g0 * c - g1 * sn);
+                gv[k + 1] = round_as(g, g0 * sn + g1 * c);
+                s_dyy += (double)(gv[k] * wv[k]) * (double)(xv[k] * rs);
+                s_dyy += (double)(gv[k + 1] * wv[k + 1]) * (double)(xv[k + 1] * rs);
+            }
+            if constexpr (W == 1) {
+                st(back, row + j, gv[0]);
+                st(back, row + j + 1, gv[1]);
+            } else {
+                st_w<W>(back + row, j, gv);
+            }
         }
         const float m = (float)(s_dyy / (double)d);
-        for (u64 j = 0; j < d; ++j) {
-            const float dy = ld(back, row + j) * w[j], y = ld(x, row + j) * rs;
-            st(dx, row + j, (dy - y * m) * rs);
+        for (u64 j = 0; j < d; j += W) {
+            float bv[W], xv[W], wv[W];
+            ld_w<W>(back + row, j, bv);
+            ld_w<W>(x + row, j, xv);
+            if constexpr (W == 1) {
+                wv[0] = w[j];
+            } else {
+                ld_w<W>(w, j, wv);
+            }
+#pragma unroll
+            for (int k = 0; k < W; ++k) {
+                const float dy = bv[k] * wv[k], y = xv[k] * rs;
+                bv[k] = (dy - y * m) * rs;
+            }
+            st_w<W>(dx + row, j, bv);
         }
     }
 }
-extern "C" __global__ void fused_rms_rope_dx_f32(const float* x, const float* w, const float* cos, const float* sin,
-                                                 const float* rstd, const float* g, float* back, float* dx, u64 rows,
-                                                 u64 d, u64 seq) {
-    rms_rope_dx(x, w, cos, sin, rstd, g, back, dx, rows, d, seq);
-}
-extern "C" __global__ void fused_rms_rope_dx_bf16(const u16* x, const float* w, const u16* cos, const u16* sin,
-                                                  const float* rstd, const u16* g, u16* back, u16* dx, u64 rows, u64 d,
-                                                  u64 seq) {
-    rms_rope_dx(x, w, cos, sin, rstd, g, back, dx, rows, d, seq);
-}
+
+#define RMS_ROPE_DX(NAME, T, W)                                                                                    \
+    extern "C" __global__ void NAME(const T* x, const float* w, const T* cos, const T* sin, const float* rstd,     \
+                                    const T* g, T* back, T* dx, u64 rows, u64 d, u64 seq) {                       \
+        rms_rope_dx<T, W>(x, w, cos, sin, rstd, g, back, dx, rows, d, seq);                                        \
+    }
+RMS_ROPE_DX(fused_rms_rope_dx_f32, float, 1)
+RMS_ROPE_DX(fused_rms_rope_dx_bf16, u16, 1)
+RMS_ROPE_DX(fused_rms_rope_dx_f32_vec, float, VEC)
+RMS_ROPE_DX(fused_rms_rope_dx_bf16_vec, u16, VEC)

@@ -307,7 +307,16 @@ impl FusedBackend for CudaStorage {
         if rows * d == 0 {
             return Ok((out, rstd));
         }
-        let name = by_dtype(dt, "fused_rms_rope_f32", "fused_rms_rope_bf16");
+        let name = kernel(
+            dt,
+            d % VEC == 0,
+            [
+                "fused_rms_rope_f32",
+                "fused_rms_rope_bf16",
+                "fused_rms_rope_f32_vec",
+                "fused_rms_rope_bf16_vec",
+            ],
+        );
         let (xp, wp, cp, sp, outp, rp) = (
             x.buf.ptr(),
             weight.buf.ptr(),
@@ -362,7 +371,16 @@ impl FusedBackend for CudaStorage {
         }
         // g rotated back, in x's dtype: the weight's gradient reads it.
         let back = dev.alloc(rows * d, dt)?;
-        let name = by_dtype(dt, "fused_rms_rope_dx_f32", "fused_rms_rope_dx_bf16");
+        let name = kernel(
+            dt,
+            d % VEC == 0,
+            [
+                "fused_rms_rope_dx_f32",
+                "fused_rms_rope_dx_bf16",
+                "fused_rms_rope_dx_f32_vec",
+                "fused_rms_rope_dx_bf16_vec",
+            ],
+        );
         let (xp, wp, cp, sp, rp, gp, bp, dxp) = (
             x.buf.ptr(),
             weight.buf.ptr(),
