@@ -572,9 +572,9 @@ pub fn check_fused(rep: &mut Report) {
 }
 
 /// The benchmark: BF16 `[1, 8192, 3072]` (a Flux.1 step's tokens and
-/// width): binary ops through the vector and the generic kernels, and each
-/// fused op beside the composition it replaces, forward and forward +
-/// backward. `BENCH fused <name> ms=<median> gbps=<bytes the fused op or
+/// width, 24 heads of 128): binary ops through the vector and the generic
+/// kernels, and each fused op beside the composition it replaces, forward
+/// and forward + backward. `BENCH fused <name> ms=<median> gbps=<bytes the fused op or
 /// kernel must move / time>` (the composition's line uses the fused op's
 /// bytes, so the two GB/s compare as speeds).
 pub fn fused_bench(ctx: &CudaContext, rep: &mut Report) {
@@ -659,6 +659,43 @@ pub fn fused_bench(ctx: &CudaContext, rep: &mut Report) {
         })?;
         time("gated_residual_composed_fwd_bwd", 7.0 * bytes, &|| {
             fwd_bwd(res_c, [&x, &gate, &y])
+        })?;
+        // QK norm and RoPE of q, a [1, 24, 8192, 128] view of a [1, 8192,
+        // 3 * 3072] projection; bytes: q read and written (forward), g read
+        // twice, g' written and read, dx written (backward).
+        let qkv = tensor(&data(&mut rng, 3 * n), &[b, l, 3 * h], bf, &GPU).map_err(err)?;
+        let (q, _, _) = split_heads(&qkv, 24).map_err(err)?;
+        let w = Tensor::ones([128], DType::F32, &GPU).map_err(err)?;
+        let angles = data(&mut rng, l * 64);
+        let table = |f: fn(f32) -> f32| {
+            let v: Vec<f32> = angles.iter().map(|&a| f(a)).collect();
+            tensor(&v, &[l, 64], DType::F32, &GPU).map_err(err)
+        };
+        let (cos, sin) = (table(f32::cos)?, table(f32::sin)?);
+        let qk: &dyn Fn(&[Tensor]) -> Result<Tensor> =
+            &|t| rms_norm_rope(&t[0], &t[1], &cos, &sin, 1e-6);
+        let qk_c: &dyn Fn(&[Tensor]) -> Result<Tensor> = &|t| {
+            let z = t[0]
+                .to_dtype(DType::F32)?
+                .rms_norm(&t[1], 1e-6)?
+                .to_dtype(bf)?;
+            z.rope_interleaved(&cos.to_dtype(bf)?, &sin.to_dtype(bf)?)
+        };
+        let qk_fwd_bwd = |f: &dyn Fn(&[Tensor]) -> Result<Tensor>| {
+            let (pq, pw) = (Param::new(q.clone())?, Param::new(w.clone())?);
+            let out = f(&[pq.tensor().clone(), pw.tensor().clone()])?;
+            let grads = out.backward_with(&out.ones_like()?)?;
+            Ok(grads.get(pq.id()).cloned().unwrap_or(out))
+        };
+        time("rms_norm_rope", 2.0 * bytes, &|| {
+            qk(&[q.clone(), w.clone()])
+        })?;
+        time("rms_norm_rope_composed", 2.0 * bytes, &|| {
+            qk_c(&[q.clone(), w.clone()])
+        })?;
+        time("rms_norm_rope_fwd_bwd", 8.0 * bytes, &|| qk_fwd_bwd(qk))?;
+        time("rms_norm_rope_composed_fwd_bwd", 8.0 * bytes, &|| {
+            qk_fwd_bwd(qk_c)
         })?;
         Ok(())
     })();
