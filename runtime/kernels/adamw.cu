@@ -20,7 +20,10 @@
 // Two launch shapes share the one element update (adamw_elem):
 // - adamw_w*_g*: one parameter per launch, a grid-stride loop;
 // - adamw_multi: every parameter of a step in one launch. The host uploads
-//   a table of AdamWTensor (pointers, size, scalars); the parameters are cut
+//   a table of AdamWTensor (pointers, size, scalars, and optionally a
+//   gradient multiplier, the clip factor: g * mul + 0 rounded to the
+//   gradient's dtype, grad_scale's operations, so the bits of scaling the
+//   gradients first); the parameters are cut
 //   into chunks of MT_CHUNK elements, numbered across the table, and each
 //   CTA takes chunks c = blockIdx.x, blockIdx.x + gridDim.x, ... and finds
 //   the parameter of chunk c by binary search over chunk_begin. Elements are
@@ -53,11 +56,24 @@ struct AdamWScalars {
     float eps;
 };
 
-// Element i of one parameter's update.
-template <typename W, typename G>
-__device__ __forceinline__ void adamw_elem(const W* w_in, W* w_out, const G* g, float* m, float* v,
-                                           u64 i, const AdamWScalars& s) {
+// g of element i as the update reads it: when scaled, g * mul + 0 rounded
+// to G (grad_scale's operations, so the bits of scaling first).
+__device__ __forceinline__ float adamw_round(const float*, float x) { return x; }
+__device__ __forceinline__ float adamw_round(const u16*, float x) { return u2f(((u32)bf16_from_f32(x)) << 16); }
+template <bool SCALED, typename G>
+__device__ __forceinline__ float adamw_grad(const G* g, u64 i, float mul) {
     const float gi = adamw_ld(g, i);
+    if constexpr (SCALED) {
+        return adamw_round(g, gi * mul + 0.0f);
+    } else {
+        return gi;
+    }
+}
+
+// Element i of one parameter's update, with the gradient element gi.
+template <typename W>
+__device__ __forceinline__ void adamw_elem_g(const W* w_in, W* w_out, float gi, float* m, float* v, u64 i,
+                                             const AdamWScalars& s) {
     float w = adamw_ld(w_in, i);
     w = w * s.decay;
     const float mi = s.b1 * m[i] + s.one_minus_b1 * gi;
@@ -66,6 +82,13 @@ __device__ __forceinline__ void adamw_elem(const W* w_in, W* w_out, const G* g, 
     v[i] = vi;
     w = w - s.step_size * mi / (sqrtf(vi) / s.bias2_sqrt + s.eps);
     adamw_st(w_out, i, w);
+}
+
+// Element i of one parameter's update.
+template <typename W, typename G>
+__device__ __forceinline__ void adamw_elem(const W* w_in, W* w_out, const G* g, float* m, float* v,
+                                           u64 i, const AdamWScalars& s) {
+    adamw_elem_g(w_in, w_out, adamw_ld(g, i), m, v, i, s);
 }
 
 template <typename W, typename G>
@@ -106,7 +129,8 @@ struct AdamWTensor {
     u64 v;
     u64 n;            // elements, at least 1
     u64 chunk_begin;  // number of the parameter's first chunk in the launch
-    u32 kind;         // bit 0: the parameter is BF16; bit 1: the gradient is BF16
+    u32 kind;         // bit 0: the parameter is BF16; bit 1: the gradient is BF16;
+                      // bit 2: the gradient is scaled by the f32 whose bits are pad
     u32 pad;
     AdamWScalars s;
 };
@@ -141,15 +165,16 @@ __device__ __forceinline__ u64 mt_end(u64 begin, u64 n) {
     return end < n ? end : n;
 }
 
-template <typename W, typename G>
+template <bool SCALED, typename W, typename G>
 __device__ __forceinline__ void adamw_chunk(const AdamWTensor& t, u64 begin, u64 end) {
     const W* w_in = (const W*)t.w_in;
     W* w_out = (W*)t.w_out;
     const G* g = (const G*)t.g;
     float* m = (float*)t.m;
     float* v = (float*)t.v;
+    const float mul = u2f(t.pad);
     for (u64 i = begin + threadIdx.x; i < end; i += blockDim.x) {
-        adamw_elem(w_in, w_out, g, m, v, i, t.s);
+        adamw_elem_g(w_in, w_out, adamw_grad<SCALED>(g, i, mul), m, v, i, t.s);
     }
 }
 
@@ -159,10 +184,14 @@ extern "C" __global__ void adamw_multi(const AdamWTensor* ts, u64 count, u64 chu
         const u64 begin = (c - t.chunk_begin) * MT_CHUNK;
         const u64 end = mt_end(begin, t.n);
         switch (t.kind) {
-            case 0: adamw_chunk<float, float>(t, begin, end); break;
-            case 1: adamw_chunk<u16, float>(t, begin, end); break;
-            case 2: adamw_chunk<float, u16>(t, begin, end); break;
-            default: adamw_chunk<u16, u16>(t, begin, end); break;
+            case 0: adamw_chunk<false, float, float>(t, begin, end); break;
+            case 1: adamw_chunk<false, u16, float>(t, begin, end); break;
+            case 2: adamw_chunk<false, float, u16>(t, begin, end); break;
+            case 3: adamw_chunk<false, u16, u16>(t, begin, end); break;
+            case 4: adamw_chunk<true, float, float>(t, begin, end); break;
+            case 5: adamw_chunk<true, u16, float>(t, begin, end); break;
+            case 6: adamw_chunk<true, float, u16>(t, begin, end); break;
+            default: adamw_chunk<true, u16, u16>(t, begin, end); break;
         }
     }
 }

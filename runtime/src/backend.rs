@@ -513,3 +513,17 @@ pub struct RmsRopeSaved<'a, B> {
     /// The f32 rstd of each row.
     pub rstd: &'a B,
 }
+
+/// AdamW with the clip factor fused in: [`MultiOptimBackend::adamw_multi`]
+/// with every gradient element first multiplied by `grad_mul` as the update
+/// reads it (`g * grad_mul + 0`, rounded to the gradient's dtype: the bits
+/// of [`MultiOptimBackend::scale_all`]), so the result is bit-identical to
+/// `scale_all` followed by `adamw_multi`, without writing the scaled
+/// gradients. The gradients are not changed.
+pub trait ScaledAdamWBackend: MultiOptimBackend {
+    /// The new parameters in order, the moments updated in place.
+    fn adamw_multi_scaled<'a>(
+        steps: Vec<(&'a Self, AdamWStep<'a, Self>)>,
+        grad_mul: f32,
+    ) -> Result<Vec<Self>>;
+}

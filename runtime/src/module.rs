@@ -173,27 +173,7 @@ pub fn optimizer_step<M: Parameters + ?Sized>(
     opt: &mut crate::optim::AdamW,
     grads: &crate::Gradients,
 ) -> Result<()> {
-    // The walk lends one slot at a time, so the parameters are taken out of
-    // their slots for the step and put back, in walk order, by path.
-    let mut taken: Vec<(String, Param)> = Vec::new();
-    model.visit_params("", &mut |slot| {
-        if let Some(p) = slot.param.take() {
-            taken.push((slot.path, p));
-        }
-    });
-    let result = opt.step(taken.iter_mut().map(|(_, p)| p), grads);
-    let mut back = taken.into_iter().peekable();
-    model.visit_params("", &mut |slot| {
-        if slot.param.is_none() && back.peek().is_some_and(|(path, _)| *path == slot.path) {
-            *slot.param = back.next().map(|(_, p)| p);
-        }
-    });
-    match back.next() {
-        Some((path, _)) => Err(Error::Training(format!(
-            "parameter `{path}` has no slot to go back to: the model's parameter walk changed during the optimizer step"
-        ))),
-        None => result,
-    }
+    crate::optim::optimizer_step_scaled(model, opt, grads, None)
 }
 
 /// Number of parameter values, allocated or not; saturates at `usize::MAX`

@@ -6,8 +6,7 @@
 
 use crate::backend::{
     AdamWStep, AttentionBackend, AttentionSaved, AttentionShape, BackendDevice, BackendStorage,
-    DeviceStatus, LinearBackend, MemoryStats,
-    OptimBackend, Quantized, Request,
+    DeviceStatus, LinearBackend, MemoryStats, OptimBackend, Quantized, Request,
 };
 use crate::cpu::{CpuOperand, CpuStorage};
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
@@ -230,5 +229,17 @@ impl crate::backend::FusedBackend for CudaStorage {
         _: crate::backend::RopeShape,
     ) -> Result<(Self, Self)> {
         match *saved.x {}
+    }
+}
+
+impl crate::backend::ScaledAdamWBackend for CudaStorage {
+    fn adamw_multi_scaled<'a>(
+        steps: Vec<(&'a Self, AdamWStep<'a, Self>)>,
+        _: f32,
+    ) -> Result<Vec<Self>> {
+        match steps.first() {
+            Some((w, _)) => match **w {},
+            None => Ok(Vec::new()),
+        }
     }
 }

@@ -20,6 +20,11 @@ use crate::cpu::CpuStorage;
 use crate::storage::{AdamWEntry, Storage};
 use crate::{DType, Device, Error, Gradients, Param, ParamId, Result, Shape, Tensor};
 
+mod clip;
+mod walk;
+pub use clip::{clip_grad_factor, clip_grad_norm, clip_grad_norm_in_groups};
+pub use walk::optimizer_step_scaled;
+
 /// The most bytes of new values one multi-tensor call writes: the new
 /// parameters of one AdamW call, the scaled gradients of one clipping call.
 /// Buffers are never written in place, so a call holds its new values
@@ -250,6 +255,22 @@ impl AdamW {
         params: impl IntoIterator<Item = &'a mut Param>,
         grads: &Gradients,
     ) -> Result<()> {
+        self.step_scaled(params, grads, None)
+    }
+
+    /// [`AdamW::step`] with every gradient element first multiplied by
+    /// `grad_mul` (when given) as the update reads it: `g * grad_mul + 0`
+    /// rounded to the gradient's dtype, the bits of `g.mul_scalar(grad_mul)`,
+    /// so the step is bit-identical to scaling the gradients first and then
+    /// calling [`AdamW::step`] (the clip factor of [`clip_grad_factor`]
+    /// fused into the update, saving the scaling pass). `grads` is not
+    /// changed.
+    pub fn step_scaled<'a>(
+        &mut self,
+        params: impl IntoIterator<Item = &'a mut Param>,
+        grads: &Gradients,
+        grad_mul: Option<f32>,
+    ) -> Result<()> {
         // `&mut` items are distinct parameters, so ids do not repeat.
         let mut batch: Vec<&'a mut Param> = Vec::new();
         for param in params {
@@ -258,12 +279,12 @@ impl AdamW {
             };
             if grad.shape() != param.shape() {
                 let e = shape_error(grad, param);
-                self.step_batch(batch, grads)?;
+                self.step_batch(batch, grads, grad_mul)?;
                 return Err(e);
             }
             batch.push(param);
         }
-        self.step_batch(batch, grads)
+        self.step_batch(batch, grads, grad_mul)
     }
 
     /// The per-parameter path: [`AdamW::step`] with one backend update per
@@ -327,7 +348,12 @@ impl AdamW {
 
     /// Steps `params` (distinct ids, each with a gradient of its shape):
     /// per device, in groups of at most `group_bytes` of new values.
-    fn step_batch(&mut self, params: Vec<&mut Param>, grads: &Gradients) -> Result<()> {
+    fn step_batch(
+        &mut self,
+        params: Vec<&mut Param>,
+        grads: &Gradients,
+        grad_mul: Option<f32>,
+    ) -> Result<()> {
         let mut devices: Vec<(Device, Vec<&mut Param>)> = Vec::new();
         for p in params {
             let d = p.device();
@@ -342,13 +368,13 @@ impl AdamW {
             for p in list {
                 let b = p.elem_count() * p.dtype().size_in_bytes();
                 if !group.is_empty() && bytes + b > self.group_bytes {
-                    self.step_group(std::mem::take(&mut group), grads, &device)?;
+                    self.step_group(std::mem::take(&mut group), grads, &device, grad_mul)?;
                     bytes = 0;
                 }
                 bytes += b;
                 group.push(p);
             }
-            self.step_group(group, grads, &device)?;
+            self.step_group(group, grads, &device, grad_mul)?;
         }
         Ok(())
     }
@@ -359,6 +385,7 @@ impl AdamW {
         mut params: Vec<&mut Param>,
         grads: &Gradients,
         device: &Device,
+        grad_mul: Option<f32>,
     ) -> Result<()> {
         if params.is_empty() {
             return Ok(());
@@ -408,7 +435,10 @@ impl AdamW {
                 scalars: s,
             });
         }
-        let outs = Storage::adamw_multi(entries)?;
+        let outs = match grad_mul {
+            Some(mul) => Storage::adamw_multi_scaled(entries, mul)?,
+            None => Storage::adamw_multi(entries)?,
+        };
         for ((p, mo), out) in params.iter_mut().zip(moments).zip(outs) {
             mo.step += 1;
             let shape = p.shape().clone();
@@ -452,110 +482,9 @@ fn scalars(cfg: &AdamWConfig, step: u64) -> AdamWScalars {
     }
 }
 
-/// Scales all gradients by `max_norm / (norm + 1e-6)` when their global L2
-/// norm exceeds `max_norm` (as `torch.nn.utils.clip_grad_norm_`) and returns
-/// the norm before clipping. A non-finite norm leaves the gradients as they
-/// are, so the caller can see it and skip the step instead of writing NaN
-/// into every weight.
-///
-/// Multi-tensor: the squares of each device's gradients are summed by one
-/// backend call (on a GPU two launches and one read-back, the one wait of
-/// the step) and the gradients are scaled by one call per [`GROUP_BYTES`].
-/// On the CPU the norm has the bits of the per-gradient sums in id order
-/// (each gradient's f32 sum of squares, added in f64); on a GPU it is the
-/// f64 sum of the exact squares in a fixed order (deterministic, within
-/// about 1e-6 relative of the CPU's for f32 gradients). The scaled
-/// gradients have the bits of `g.mul_scalar(coef)` on either.
-pub fn clip_grad_norm(grads: &mut Gradients, max_norm: f32) -> Result<f32> {
-    clip_grad_norm_in_groups(grads, max_norm, GROUP_BYTES)
-}
-
-/// [`clip_grad_norm`] with at most `group_bytes` of scaled gradients per
-/// call (at least one gradient per call); the values do not depend on it.
-pub fn clip_grad_norm_in_groups(
-    grads: &mut Gradients,
-    max_norm: f32,
-    group_bytes: usize,
-) -> Result<f32> {
-    let mut ids: Vec<ParamId> = grads.iter().map(|(id, _)| id).collect();
-    ids.sort_unstable();
-    // Each device's gradients, in id order.
-    let mut devices: Vec<(Device, Vec<ParamId>)> = Vec::new();
-    for id in ids {
-        let d = grads.get(id).expect("id taken from the map").device();
-        match devices.iter_mut().find(|(dev, _)| *dev == d) {
-            Some((_, list)) => list.push(id),
-            None => devices.push((d, vec![id])),
-        }
-    }
-    let mut sum_sq = 0f64;
-    for (_, list) in &devices {
-        let views: Vec<_> = list
-            .iter()
-            .map(|&id| {
-                let g = grads.get(id).expect("id taken from the map");
-                (g.storage(), g.layout())
-            })
-            .collect();
-        sum_sq += Storage::sum_squares(&views)?;
-    }
-    let norm = sum_sq.sqrt() as f32;
-    let coef = max_norm / (norm + 1e-6);
-    if norm.is_finite() && coef < 1.0 {
-        for (_, list) in &devices {
-            for group in byte_groups(list, grads, group_bytes) {
-                scale_group(grads, group, coef)?;
-            }
-        }
-    }
-    Ok(norm)
-}
-
-/// `ids` cut into runs of at most `budget` bytes of gradient values (a
-/// larger gradient alone).
-fn byte_groups<'i>(ids: &'i [ParamId], grads: &Gradients, budget: usize) -> Vec<&'i [ParamId]> {
-    let mut out = Vec::new();
-    let (mut start, mut bytes) = (0, 0usize);
-    for (i, &id) in ids.iter().enumerate() {
-        let g = grads.get(id).expect("id taken from the map");
-        let b = g.elem_count() * g.dtype().size_in_bytes();
-        if i > start && bytes + b > budget {
-            out.push(&ids[start..i]);
-            (start, bytes) = (i, 0);
-        }
-        bytes += b;
-    }
-    if start < ids.len() {
-        out.push(&ids[start..]);
-    }
-    out
-}
-
-/// Replaces the gradients of `ids` (one device) by themselves times `coef`.
-fn scale_group(grads: &mut Gradients, ids: &[ParamId], coef: f32) -> Result<()> {
-    let scaled = {
-        let views: Vec<_> = ids
-            .iter()
-            .map(|&id| {
-                let g = grads.get(id).expect("id taken from the map");
-                (g.storage(), g.layout())
-            })
-            .collect();
-        Storage::scale_all(&views, coef)?
-    };
-    for (&id, out) in ids.iter().zip(scaled) {
-        let shape = grads
-            .get(id)
-            .expect("id taken from the map")
-            .shape()
-            .clone();
-        grads.insert(id, Tensor::untracked(out, shape));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
+    use super::clip::byte_groups;
     use super::*;
     use crate::module::SplitMix64;
 

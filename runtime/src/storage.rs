@@ -845,3 +845,56 @@ impl Storage {
         }
     }
 }
+
+impl Storage {
+    /// [`Storage::adamw_multi`] with every gradient element multiplied by
+    /// `grad_mul` as the update reads it (the backend's
+    /// `adamw_multi_scaled`): the bits of scaling the gradients with
+    /// [`Storage::scale_all`] first, without the scaling pass.
+    pub(crate) fn adamw_multi_scaled(
+        entries: Vec<AdamWEntry<'_>>,
+        grad_mul: f32,
+    ) -> Result<Vec<Storage>> {
+        let Some(first) = entries.first().map(|e| e.w.0) else {
+            return Ok(Vec::new());
+        };
+        let _p = crate::profile::scope("adamw multi", first.device());
+        match first {
+            Storage::Cpu(_) => adamw_multi_scaled_on::<CpuStorage>(first, entries, grad_mul),
+            Storage::Cuda(_) => adamw_multi_scaled_on::<CudaStorage>(first, entries, grad_mul),
+        }
+    }
+}
+
+fn adamw_multi_scaled_on<'a, B: crate::backend::ScaledAdamWBackend + Variant>(
+    first: &Storage,
+    entries: Vec<AdamWEntry<'a>>,
+    grad_mul: f32,
+) -> Result<Vec<Storage>> {
+    let mut steps = Vec::with_capacity(entries.len());
+    for e in entries {
+        let w = same::<B>("AdamW", first, e.w.0)?;
+        let g = same::<B>("AdamW", first, e.grad.0)?;
+        let (m_dev, v_dev) = (e.m.device(), e.v.device());
+        let on_device = m_dev == first.device() && v_dev == first.device();
+        let (Some(m), Some(v), true) = (B::of_mut(e.m), B::of_mut(e.v), on_device) else {
+            return Err(Error::InvalidOption(format!(
+                "AdamW: moments on {m_dev} and {v_dev} for a parameter on {}",
+                first.device()
+            )));
+        };
+        let step = AdamWStep {
+            layout: e.w.1,
+            grad: g,
+            grad_layout: e.grad.1,
+            m,
+            v,
+            scalars: e.scalars,
+        };
+        steps.push((w, step));
+    }
+    Ok(B::adamw_multi_scaled(steps, grad_mul)?
+        .into_iter()
+        .map(B::wrap)
+        .collect())
+}

@@ -13,8 +13,8 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
-use mxswitch_runtime::module::{optimizer_step, Parameters};
-use mxswitch_runtime::optim::{clip_grad_norm, AdamW};
+use mxswitch_runtime::module::Parameters;
+use mxswitch_runtime::optim::{clip_grad_factor, optimizer_step_scaled, AdamW};
 use mxswitch_runtime::plan::{apply_schedule, check_schedule, Plan, PrecisionModel};
 use mxswitch_runtime::schedule::Schedule;
 use mxswitch_runtime::warmup::warmup;
@@ -360,12 +360,16 @@ where
             at.iteration
         )));
     }
-    let mut grads = loss.backward()?;
+    let grads = loss.backward()?;
     drop(loss);
-    if let Some(max_norm) = clip_norm {
-        clip_grad_norm(&mut grads, max_norm)?;
-    }
-    optimizer_step(model, opt, &grads)?;
+    // The clip factor goes into the AdamW step, which scales each gradient
+    // element as it reads it: the bits of clip_grad_norm then
+    // optimizer_step, without a pass that rewrites every gradient.
+    let grad_mul = match clip_norm {
+        Some(max_norm) => clip_grad_factor(&grads, max_norm)?.1,
+        None => None,
+    };
+    optimizer_step_scaled(model, opt, &grads, grad_mul)?;
     Ok((loss_value, saved.per_element()))
 }
 

@@ -90,3 +90,38 @@ impl MultiOptimBackend for CpuStorage {
         grads.iter().map(|&(g, l)| g.affine(l, mul, 0.0)).collect()
     }
 }
+
+impl crate::backend::ScaledAdamWBackend for CpuStorage {
+    /// Each gradient scaled by [`MultiOptimBackend::scale_all`] (its
+    /// `affine(grad_mul, 0)`, rounded to its dtype), then
+    /// [`MultiOptimBackend::adamw_multi`]: by construction the bits of
+    /// clipping first, the reference the GPU's fused kernel matches.
+    fn adamw_multi_scaled<'a>(
+        steps: Vec<(&'a Self, AdamWStep<'a, Self>)>,
+        grad_mul: f32,
+    ) -> Result<Vec<Self>> {
+        let views: Vec<(&CpuStorage, &Layout)> =
+            steps.iter().map(|(_, s)| (s.grad, s.grad_layout)).collect();
+        let scaled = Self::scale_all(&views, grad_mul)?;
+        let packed: Vec<Layout> = steps
+            .iter()
+            .map(|(_, s)| Layout::contiguous(s.grad_layout.shape().clone()))
+            .collect();
+        let steps = steps
+            .into_iter()
+            .zip(scaled.iter().zip(&packed))
+            .map(|((w, s), (g, l))| {
+                let step = AdamWStep {
+                    layout: s.layout,
+                    grad: g,
+                    grad_layout: l,
+                    m: s.m,
+                    v: s.v,
+                    scalars: s.scalars,
+                };
+                (w, step)
+            })
+            .collect();
+        Self::adamw_multi(steps)
+    }
+}

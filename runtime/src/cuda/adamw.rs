@@ -50,8 +50,10 @@ struct AdamWTensor {
     v: u64,
     n: u64,
     chunk_begin: u64,
-    /// Bit 0: the parameter is BF16; bit 1: the gradient is BF16.
+    /// Bit 0: the parameter is BF16; bit 1: the gradient is BF16; bit 2:
+    /// the gradient is multiplied by the f32 whose bits are `pad`.
     kind: u32,
+    /// The bits of the gradient multiplier (kind bit 2), else 0.
     pad: u32,
     s: AdamWScalars,
 }
@@ -231,52 +233,7 @@ impl MultiOptimBackend for CudaStorage {
     /// [`MT_CHUNK`] elements, one CTA each), after one upload of the table;
     /// the element update is the per-parameter kernel's, so are the bits.
     fn adamw_multi<'a>(steps: Vec<(&'a Self, AdamWStep<'a, Self>)>) -> Result<Vec<Self>> {
-        let Some(dev) = steps.first().map(|(w, _)| w.device().clone()) else {
-            return Ok(Vec::new());
-        };
-        let mut keep = Vec::new();
-        let mut outs = Vec::with_capacity(steps.len());
-        let mut table = Vec::with_capacity(steps.len());
-        let mut chunks = 0u64;
-        for (w, st) in &steps {
-            let c = check(w, st, &dev, &mut keep)?;
-            let out = alloc(&dev, c.n, w.dtype())?;
-            if c.n > 0 {
-                table.push(AdamWTensor {
-                    w_in: c.w,
-                    w_out: out.buffer().ptr(),
-                    g: c.g,
-                    m: st.m.buffer().ptr(),
-                    v: st.v.buffer().ptr(),
-                    n: c.n as u64,
-                    chunk_begin: chunks,
-                    kind: (c.wi | (c.gi << 1)) as u32,
-                    pad: 0,
-                    s: *st.scalars,
-                });
-                chunks += (c.n as u64).div_ceil(MT_CHUNK);
-            }
-            outs.push(out);
-        }
-        if table.is_empty() {
-            return Ok(outs);
-        }
-        let ctx = dev.context();
-        let tab = ctx.upload(&table).map_err(backend_err)?;
-        let (tab_ptr, count) = (tab.ptr(), table.len() as u64);
-        // The table lists `count` parameters whose chunks number `chunks`;
-        // each entry's buffers hold its n elements.
-        launch_kernel!(
-            ctx,
-            &ADAMW,
-            "adamw_multi",
-            chunk_grid(chunks),
-            &tab_ptr,
-            &count,
-            &chunks
-        )
-        .map_err(backend_err)?;
-        Ok(outs)
+        adamw_multi_launch(steps, None)
     }
 
     /// Two launches and one read-back: an f64 partial sum per chunk of
@@ -392,4 +349,72 @@ fn grad_table(
         chunks += n.div_ceil(MT_CHUNK);
     }
     Ok((table, chunks))
+}
+
+/// The `adamw_multi` launch of [`MultiOptimBackend::adamw_multi`]; with a
+/// `grad_mul`, each gradient element is first multiplied by it as the
+/// kernel reads it (kind bit 2, the factor's bits in the entry's `pad`).
+fn adamw_multi_launch<'a>(
+    steps: Vec<(&'a CudaStorage, AdamWStep<'a, CudaStorage>)>,
+    grad_mul: Option<f32>,
+) -> Result<Vec<CudaStorage>> {
+    let Some(dev) = steps.first().map(|(w, _)| w.device().clone()) else {
+        return Ok(Vec::new());
+    };
+    let mut keep = Vec::new();
+    let mut outs = Vec::with_capacity(steps.len());
+    let mut table = Vec::with_capacity(steps.len());
+    let mut chunks = 0u64;
+    for (w, st) in &steps {
+        let c = check(w, st, &dev, &mut keep)?;
+        let out = alloc(&dev, c.n, w.dtype())?;
+        if c.n > 0 {
+            table.push(AdamWTensor {
+                w_in: c.w,
+                w_out: out.buffer().ptr(),
+                g: c.g,
+                m: st.m.buffer().ptr(),
+                v: st.v.buffer().ptr(),
+                n: c.n as u64,
+                chunk_begin: chunks,
+                kind: (c.wi | (c.gi << 1)) as u32 | if grad_mul.is_some() { 4 } else { 0 },
+                pad: grad_mul.map_or(0, f32::to_bits),
+                s: *st.scalars,
+            });
+            chunks += (c.n as u64).div_ceil(MT_CHUNK);
+        }
+        outs.push(out);
+    }
+    if table.is_empty() {
+        return Ok(outs);
+    }
+    let ctx = dev.context();
+    let tab = ctx.upload(&table).map_err(backend_err)?;
+    let (tab_ptr, count) = (tab.ptr(), table.len() as u64);
+    // The table lists `count` parameters whose chunks number `chunks`;
+    // each entry's buffers hold its n elements.
+    launch_kernel!(
+        ctx,
+        &ADAMW,
+        "adamw_multi",
+        chunk_grid(chunks),
+        &tab_ptr,
+        &count,
+        &chunks
+    )
+    .map_err(backend_err)?;
+    Ok(outs)
+}
+
+impl crate::backend::ScaledAdamWBackend for CudaStorage {
+    /// One `adamw_multi` launch as [`MultiOptimBackend::adamw_multi`],
+    /// each gradient element read as `g * grad_mul + 0` rounded to the
+    /// gradient's dtype (`grad_scale`'s operations): the bits of
+    /// `scale_all` then `adamw_multi`, one read of the gradients.
+    fn adamw_multi_scaled<'a>(
+        steps: Vec<(&'a Self, AdamWStep<'a, Self>)>,
+        grad_mul: f32,
+    ) -> Result<Vec<Self>> {
+        adamw_multi_launch(steps, Some(grad_mul))
+    }
 }

@@ -444,6 +444,42 @@ fn list_case(group_bytes: usize) -> Result<Option<String>> {
     Ok(None)
 }
 
+/// Clip fused into AdamW == clip then AdamW, on the GPU: the mixed list
+/// (BF16 and f32 parameters and gradients, a transposed gradient, chunk
+/// edges) stepped 3 times with gradients times 100, through
+/// `clip_grad_norm` then `step` and through `clip_grad_factor` then
+/// `step_scaled` (the factor applied in the adamw_multi kernel as it reads
+/// each gradient), in groups of at most `group_bytes`: the same norms and
+/// parameters, m and v bit for bit after every step. `max_norm` 1e9 does
+/// not clip (no factor), so that path is the plain step.
+fn fused_clip_case(group_bytes: usize, max_norm: f32) -> Result<Option<String>> {
+    use mxswitch_runtime::optim::{clip_grad_factor, clip_grad_norm};
+    let list = mixed_list();
+    let mut first = (make_params(&list, &GPU)?, AdamW::new(cfg())?);
+    let mut fused = (make_params(&list, &GPU)?, AdamW::new(cfg())?);
+    first.1.set_group_bytes(group_bytes);
+    fused.1.set_group_bytes(group_bytes);
+    let all: Vec<usize> = (0..list.len()).collect();
+    for s in 0..3u64 {
+        let mut ga = make_grads(&list, &first.0, (s + 20, 100.0), &all)?;
+        let gb = make_grads(&list, &fused.0, (s + 20, 100.0), &all)?;
+        let na = clip_grad_norm(&mut ga, max_norm)?;
+        first.1.step(first.0.iter_mut(), &ga)?;
+        let (nb, mul) = clip_grad_factor(&gb, max_norm)?;
+        fused.1.step_scaled(fused.0.iter_mut(), &gb, mul)?;
+        if na.to_bits() != nb.to_bits() {
+            return Ok(Some(format!("step {s}: norms {na} and {nb}")));
+        }
+        if mul.is_some() != (max_norm < 1e9) {
+            return Ok(Some(format!("step {s}: factor {mul:?} for norm {nb}")));
+        }
+        if let Some(d) = list_diff((&fused.0, &fused.1), (&first.0, &first.1))? {
+            return Ok(Some(format!("step {s}: fused vs clip then AdamW: {d}")));
+        }
+    }
+    Ok(None)
+}
+
 /// The clipping of issue 7 and before: each gradient's f32 sum of squares
 /// on its device, all read back in one transfer and added in f64 in id
 /// order, then `mul_scalar` of every gradient. The reference for the
@@ -643,6 +679,24 @@ fn check_multi(rep: &mut Report) {
             Err(e) => Err(err(e)),
         };
         rep.line(&format!("adamw multi list, {label}"), r);
+    }
+    for (label, bytes, max_norm) in [
+        ("one group", mxswitch_runtime::optim::GROUP_BYTES, 1.0),
+        ("a group per parameter", 0, 0.5),
+        ("no clipping", mxswitch_runtime::optim::GROUP_BYTES, 1e9),
+    ] {
+        let r = match fused_clip_case(bytes, max_norm) {
+            Ok(None) => Ok(format!(
+                "{} parameters, 3 steps, max_norm {max_norm}: norms, params, m, v bit-identical",
+                mixed_list().len()
+            )),
+            Ok(Some(d)) => Err(d),
+            Err(e) => Err(err(e)),
+        };
+        rep.line(
+            &format!("clip fused into AdamW == clip then AdamW, {label}"),
+            r,
+        );
     }
     let f32_only: Vec<Spec> = mixed_list()
         .into_iter()
