@@ -269,8 +269,9 @@ GATED_ADD(fused_gated_add_bf16_vec, u16, VEC)
 // d = 2 half elements, row r at position r % seq of the packed [seq, half]
 // tables: rstd = fl32(1 / sqrt(sum(x^2) / d + eps)) with the f64 sum in
 // element order (the CPU's order, so the same bits), z = (x * rstd) * w
-// rounded to T, out = (z0 c - z1 s, z0 s + z1 c) for each pair. Rows are a
-// head dimension wide (128 in Flux), too short to share among threads.
+// rounded to T, out = (z0 c - z1 s, z0 s + z1 c) for each pair. These
+// one-thread-per-row kernels serve rows the tile kernels below do not take
+// (d % VEC != 0 or d > RR_MAXD).
 
 // v rounded to T's precision and widened back (what a cast to T keeps).
 __device__ __forceinline__ float round_as(const float*, float v) { return v; }
@@ -411,3 +412,144 @@ RMS_ROPE_DX(fused_rms_rope_dx_f32, float, 1)
 RMS_ROPE_DX(fused_rms_rope_dx_bf16, u16, 1)
 RMS_ROPE_DX(fused_rms_rope_dx_f32_vec, float, VEC)
 RMS_ROPE_DX(fused_rms_rope_dx_bf16_vec, u16, VEC)
+
+// ---------------------------------------------------------------------------
+// The same two ops, fast form (d % VEC == 0 and d <= RR_MAXD, Flux's head dim
+// of 128): a warp owns a tile of 32 consecutive rows (32 d contiguous
+// elements). Loads and stores are coalesced 16-byte groups of the tile
+// (lane q takes groups q, q + 32, ..); the row's f64 sum stays a chain in
+// element order, one lane per row, reading the tile from shared memory (row
+// stride d + 1 floats, no bank conflicts), so every value, rstd included,
+// has the bits of the one-thread-per-row kernels above (and of the CPU).
+
+#define RR_MAXD 128
+#define RR_TILE 32
+// Warps per CTA of fused_rms_rope_*_tile (RR_WARPS in fused.rs).
+#define RR_WARPS 2
+
+template <class T>
+__device__ __forceinline__ void rms_rope_tile(const T* x, const float* w, const T* cos, const T* sin, T* out,
+                                              float* rstd_out, u64 rows, u64 d, u64 seq, float eps) {
+    __shared__ float xs[RR_WARPS][RR_TILE][RR_MAXD + 1];
+    __shared__ float rss[RR_WARPS][RR_TILE];
+    const u32 lane = threadIdx.x % 32, wp = threadIdx.x / 32, dd = (u32)d, half = dd / 2;
+    const u64 tiles = (rows + RR_TILE - 1) / RR_TILE;
+    for (u64 tile = (u64)blockIdx.x * RR_WARPS + wp; tile < tiles; tile += (u64)gridDim.x * RR_WARPS) {
+        const u64 r0 = tile * RR_TILE;
+        const u32 nr = (u32)(rows - r0 < RR_TILE ? rows - r0 : RR_TILE), groups = nr * dd / VEC;
+        const T* xt = x + r0 * d;
+        for (u32 q = lane; q < groups; q += 32) {
+            const u32 e = q * VEC, row = e / dd, col = e - row * dd;
+            float v[VEC];
+            ld_vec(xt, e, v);
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) xs[wp][row][col + k] = v[k];
+        }
+        __syncwarp();
+        if (lane < nr) {
+            double q = 0.0;
+            for (u32 j = 0; j < dd; ++j) {
+                const double t = (double)xs[wp][lane][j];
+                q += t * t;
+            }
+            const float rstd = (float)(1.0 / sqrt(q / (double)d + (double)eps));
+            rss[wp][lane] = rstd;
+            rstd_out[r0 + lane] = rstd;
+        }
+        __syncwarp();
+        for (u32 q = lane; q < groups; q += 32) {
+            const u32 e = q * VEC, row = e / dd, col = e - row * dd;
+            const u64 p = ((r0 + row) % seq) * half;
+            const float rstd = rss[wp][row];
+            float v[VEC], wv[VEC];
+            ld_vec(w, col, wv);
+#pragma unroll
+            for (int k = 0; k < VEC; k += 2) {
+                const float z0 = round_as(x, (xs[wp][row][col + k] * rstd) * wv[k]);
+                const float z1 = round_as(x, (xs[wp][row][col + k + 1] * rstd) * wv[k + 1]);
+                const u64 t = p + (col + k) / 2;
+                const float c = ld(cos, t), s = ld(sin, t);
+                v[k] = z0 * c - z1 * s;
+                v[k + 1] = z0 * s + z1 * c;
+            }
+            st_vec(out + r0 * d, e, v);
+        }
+        __syncwarp();  // xs and rss are written again for the next tile
+    }
+}
+
+#define RMS_ROPE_TILE(NAME, T)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(RR_WARPS * 32)                                                    \
+        NAME(const T* x, const float* w, const T* cos, const T* sin, T* out, float* rstd, u64 rows, u64 d,        \
+             u64 seq, float eps) {                                                                                 \
+        rms_rope_tile<T>(x, w, cos, sin, out, rstd, rows, d, seq, eps);                                            \
+    }
+RMS_ROPE_TILE(fused_rms_rope_f32_tile, float)
+RMS_ROPE_TILE(fused_rms_rope_bf16_tile, u16)
+
+// The dx of the tile form, one warp per CTA (two tiles of f32 in shared
+// memory): pass 1 rotates g back (rounded to T, written to back), and keeps
+// dy = g' w and y = x rstd (f32) of the tile in shared memory; each lane adds
+// its row's dy y in f64 in element order; pass 2 writes dx = (dy - y m) rstd.
+template <class T>
+__device__ __forceinline__ void rms_rope_dx_tile(const T* x, const float* w, const T* cos, const T* sin,
+                                                 const float* rstd, const T* g, T* back, T* dx, u64 rows, u64 d,
+                                                 u64 seq) {
+    __shared__ float dys[RR_TILE][RR_MAXD + 1];
+    __shared__ float ys[RR_TILE][RR_MAXD + 1];
+    __shared__ float ms[RR_TILE];
+    const u32 lane = threadIdx.x % 32, dd = (u32)d, half = dd / 2;
+    const u64 tiles = (rows + RR_TILE - 1) / RR_TILE;
+    for (u64 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const u64 r0 = tile * RR_TILE, base = r0 * d;
+        const u32 nr = (u32)(rows - r0 < RR_TILE ? rows - r0 : RR_TILE), groups = nr * dd / VEC;
+        for (u32 q = lane; q < groups; q += 32) {
+            const u32 e = q * VEC, row = e / dd, col = e - row * dd;
+            const u64 p = ((r0 + row) % seq) * half;
+            const float rs = rstd[r0 + row];
+            float gv[VEC], xv[VEC], wv[VEC];
+            ld_vec(g + base, e, gv);
+            ld_vec(x + base, e, xv);
+            ld_vec(w, col, wv);
+#pragma unroll
+            for (int k = 0; k < VEC; k += 2) {
+                const u64 t = p + (col + k) / 2;
+                const float c = ld(cos, t), sn = -ld(sin, t);
+                const float g0 = gv[k], g1 = gv[k + 1];
+                gv[k] = round_as(g, g0 * c - g1 * sn);
+                gv[k + 1] = round_as(g, g0 * sn + g1 * c);
+            }
+            st_vec(back + base, e, gv);
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) {
+                dys[row][col + k] = gv[k] * wv[k];
+                ys[row][col + k] = xv[k] * rs;
+            }
+        }
+        __syncwarp();
+        if (lane < nr) {
+            double s_dyy = 0.0;
+            for (u32 j = 0; j < dd; ++j) s_dyy += (double)dys[lane][j] * (double)ys[lane][j];
+            ms[lane] = (float)(s_dyy / (double)d);
+        }
+        __syncwarp();
+        for (u32 q = lane; q < groups; q += 32) {
+            const u32 e = q * VEC, row = e / dd, col = e - row * dd;
+            const float rs = rstd[r0 + row], m = ms[row];
+            float v[VEC];
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) v[k] = (dys[row][col + k] - ys[row][col + k] * m) * rs;
+            st_vec(dx + base, e, v);
+        }
+        __syncwarp();  // the tile's shared arrays are written again for the next one
+    }
+}
+
+#define RMS_ROPE_DX_TILE(NAME, T)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(32)                                                               \
+        NAME(const T* x, const float* w, const T* cos, const T* sin, const float* rstd, const T* g, T* back,      \
+             T* dx, u64 rows, u64 d, u64 seq) {                                                                    \
+        rms_rope_dx_tile<T>(x, w, cos, sin, rstd, g, back, dx, rows, d, seq);                                      \
+    }
+RMS_ROPE_DX_TILE(fused_rms_rope_dx_f32_tile, float)
+RMS_ROPE_DX_TILE(fused_rms_rope_dx_bf16_tile, u16)

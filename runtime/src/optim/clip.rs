@@ -60,12 +60,15 @@ fn factor(norm: f32, max_norm: f32) -> Option<f32> {
     (norm.is_finite() && coef < 1.0).then_some(coef)
 }
 
+/// Each device with its gradient ids, in id order.
+type ByDevice = Vec<(Device, Vec<ParamId>)>;
+
 /// Each device's gradient ids (in id order) and the global L2 norm.
-fn norm_by_device(grads: &Gradients) -> Result<(Vec<(Device, Vec<ParamId>)>, f32)> {
+fn norm_by_device(grads: &Gradients) -> Result<(ByDevice, f32)> {
     let mut ids: Vec<ParamId> = grads.iter().map(|(id, _)| id).collect();
     ids.sort_unstable();
     // Each device's gradients, in id order.
-    let mut devices: Vec<(Device, Vec<ParamId>)> = Vec::new();
+    let mut devices: ByDevice = Vec::new();
     for id in ids {
         let d = grads.get(id).expect("id taken from the map").device();
         match devices.iter_mut().find(|(dev, _)| *dev == d) {

@@ -14,8 +14,9 @@
 //! libm's, composed once more).
 //!
 //! rms_norm_rope (QK norm and RoPE), CUDA against the CPU on q views of a
-//! fused projection (head dims 32 and 128 with 16-byte groups, 6 without;
-//! over one token-sum chunk): out
+//! fused projection (head dims 32, 64, 120 and 128 through the warp-tile
+//! kernels, 256 through the 16-byte row kernels, 6 through the one-pair
+//! ones; over one token-sum chunk): out
 //! and dx bit for bit (the same f32 operations, each row's f64 sums in
 //! element order on both sides), dweight within 2 f32 ulp.
 //!
@@ -522,8 +523,17 @@ fn check_rms_rope(rep: &mut Report) {
         ("dx", Bound::Exact),
         ("dweight", Bound::Ulps(2.0)),
     ];
-    // Head dims 32 and 128 take the 16-byte kernels, 6 the one-pair ones.
-    for shape in [(2, 300, 4, 32), (3, 17, 2, 6), (1, 1024, 24, 128)] {
+    // Head dims 32, 64, 120 and 128 take the warp-tile kernels (partial
+    // tiles of 21 and 111 rows among them), 256 the 16-byte one-thread-per-row
+    // ones, 6 the one-pair ones.
+    for shape in [
+        (2, 300, 4, 32),
+        (1, 7, 3, 64),
+        (1, 37, 3, 120),
+        (1, 5, 3, 256),
+        (3, 17, 2, 6),
+        (1, 1024, 24, 128),
+    ] {
         for dtype in [DType::F32, DType::BF16] {
             let tag = format!(
                 "rms_norm_rope {dtype} [b, l, h, d] = {:?}",

@@ -20,6 +20,29 @@ const VEC: usize = 8;
 const SUM_GROUPS: u32 = 8;
 /// Tokens one `fused_token_sums` CTA adds (SUM_CHUNK in ops_fused.cu).
 const SUM_CHUNK: usize = 256;
+/// Rows of one warp's tile of the `_tile` QK norm kernels (RR_TILE).
+const RR_TILE: usize = 32;
+/// The widest row of the `_tile` QK norm kernels (RR_MAXD).
+const RR_MAXD: usize = 128;
+/// Warps per CTA of `fused_rms_rope_*_tile` (RR_WARPS in ops_fused.cu).
+const RR_WARPS: usize = 2;
+
+/// Whether rows of `d` take the `_tile` QK norm kernels: whole 16-byte
+/// groups, a row within a warp's shared-memory tile.
+fn tiled(d: usize) -> bool {
+    d % VEC == 0 && d <= RR_MAXD
+}
+
+/// The launch of a `_tile` QK norm kernel over `rows`: warps of
+/// [`RR_TILE`] rows, `warps` a CTA (a grid-stride loop past 2^20 CTAs).
+fn tile_grid(rows: usize, warps: usize) -> LaunchConfig {
+    let ctas = rows.div_ceil(RR_TILE).div_ceil(warps).clamp(1, 1 << 20);
+    LaunchConfig {
+        grid_dim: (ctas as u32, 1, 1),
+        block_dim: (32 * warps as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
 
 /// Checks that `s` holds `n` elements of `dtype`.
 fn expect(op: &str, s: &CudaStorage, what: &str, n: usize, dtype: DType) -> Result<()> {
@@ -307,16 +330,18 @@ impl FusedBackend for CudaStorage {
         if rows * d == 0 {
             return Ok((out, rstd));
         }
-        let name = kernel(
-            dt,
-            d % VEC == 0,
-            [
+        let (name, cfg) = if tiled(d) {
+            let name = by_dtype(dt, "fused_rms_rope_f32_tile", "fused_rms_rope_bf16_tile");
+            (name, tile_grid(rows, RR_WARPS))
+        } else {
+            let names = [
                 "fused_rms_rope_f32",
                 "fused_rms_rope_bf16",
                 "fused_rms_rope_f32_vec",
                 "fused_rms_rope_bf16_vec",
-            ],
-        );
+            ];
+            (kernel(dt, d % VEC == 0, names), grid(rows as u64))
+        };
         let (xp, wp, cp, sp, outp, rp) = (
             x.buf.ptr(),
             weight.buf.ptr(),
@@ -329,7 +354,7 @@ impl FusedBackend for CudaStorage {
         launch!(
             x.ctx(),
             name,
-            grid(r64),
+            cfg,
             &xp,
             &wp,
             &cp,
@@ -371,16 +396,22 @@ impl FusedBackend for CudaStorage {
         }
         // g rotated back, in x's dtype: the weight's gradient reads it.
         let back = dev.alloc(rows * d, dt)?;
-        let name = kernel(
-            dt,
-            d % VEC == 0,
-            [
+        let (name, cfg) = if tiled(d) {
+            let name = by_dtype(
+                dt,
+                "fused_rms_rope_dx_f32_tile",
+                "fused_rms_rope_dx_bf16_tile",
+            );
+            (name, tile_grid(rows, 1))
+        } else {
+            let names = [
                 "fused_rms_rope_dx_f32",
                 "fused_rms_rope_dx_bf16",
                 "fused_rms_rope_dx_f32_vec",
                 "fused_rms_rope_dx_bf16_vec",
-            ],
-        );
+            ];
+            (kernel(dt, d % VEC == 0, names), grid(rows as u64))
+        };
         let (xp, wp, cp, sp, rp, gp, bp, dxp) = (
             x.buf.ptr(),
             weight.buf.ptr(),
@@ -395,7 +426,7 @@ impl FusedBackend for CudaStorage {
         launch!(
             x.ctx(),
             name,
-            grid(r64),
+            cfg,
             &xp,
             &wp,
             &cp,
