@@ -459,7 +459,7 @@ __device__ __forceinline__ void rms_rope_tile(const T* x, const float* w, const 
         __syncwarp();
         for (u32 q = lane; q < groups; q += 32) {
             const u32 e = q * VEC, row = e / dd, col = e - row * dd;
-            const u64 p = ((r0 + row) % seq) * half;
+            const u64 r = r0 + row, p = (r - div64(r, seq) * seq) * half;
             const float rstd = rss[wp][row];
             float v[VEC], wv[VEC];
             ld_vec(w, col, wv);
@@ -505,7 +505,7 @@ __device__ __forceinline__ void rms_rope_dx_tile(const T* x, const float* w, con
         const u32 nr = (u32)(rows - r0 < RR_TILE ? rows - r0 : RR_TILE), groups = nr * dd / VEC;
         for (u32 q = lane; q < groups; q += 32) {
             const u32 e = q * VEC, row = e / dd, col = e - row * dd;
-            const u64 p = ((r0 + row) % seq) * half;
+            const u64 r = r0 + row, p = (r - div64(r, seq) * seq) * half;
             const float rs = rstd[r0 + row];
             float gv[VEC], xv[VEC], wv[VEC];
             ld_vec(g + base, e, gv);
