@@ -1,6 +1,6 @@
 //! The traits every backend implements. The CPU backend (`cpu/`) is the
 //! reference; a CUDA or ROCm backend adds a type implementing these traits and
-//! one arm per method in `storage.rs`, and nothing above the storage changes.
+//! one arm per method in `storage/`, and nothing above the storage changes.
 //!
 //! - [`BackendStorage`] / [`BackendDevice`]: the tensor ops.
 //! - [`LinearBackend`]: quantize, GEMM and column sums, the primitives the

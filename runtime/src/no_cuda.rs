@@ -1,7 +1,7 @@
 //! The `cuda` module of a build without the `cuda` feature: the backend's
 //! types with no values. `CudaDevice::get` fails with "device cuda:N is
 //! not available: this build of mxswitch has no backend for it", so no
-//! storage on a GPU can exist and the dispatch in `storage.rs` compiles
+//! storage on a GPU can exist and the dispatch in `storage/` compiles
 //! unchanged (candle's dummy backend does the same).
 
 use crate::backend::{
