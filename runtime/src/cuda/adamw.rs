@@ -230,14 +230,14 @@ impl OptimBackend for CudaStorage {
 
 impl MultiOptimBackend for CudaStorage {
     /// One `adamw_multi` launch for every parameter of the list (chunks of
-    /// [`MT_CHUNK`] elements, one CTA each), after one upload of the table;
+    /// `MT_CHUNK` elements, one CTA each), after one upload of the table;
     /// the element update is the per-parameter kernel's, so are the bits.
     fn adamw_multi<'a>(steps: Vec<(&'a Self, AdamWStep<'a, Self>)>) -> Result<Vec<Self>> {
         adamw_multi_launch(steps, None)
     }
 
     /// Two launches and one read-back: an f64 partial sum per chunk of
-    /// [`MT_CHUNK`] elements (each thread adds its elements in order, then a
+    /// `MT_CHUNK` elements (each thread adds its elements in order, then a
     /// fixed tree), then the partials in a fixed order. The squares are
     /// exact in f64, so the sum is the f64 sum of the exact squares in that
     /// order: deterministic, but not the CPU's (which rounds each square to
