@@ -150,30 +150,57 @@ fn forward_tile(
     }
 }
 
-/// p = exp(s - lse) and ds = p * (dp - D) of one tile pair, in place: `s`
-/// holds the scores on entry and ds on return; `p` receives p.
-#[allow(clippy::too_many_arguments)]
-fn probs_and_ds(
-    h: &Head,
-    d_o: &[f32],
-    sh: &AttentionShape,
-    (q0, br): (usize, usize),
-    (k0, bc): (usize, usize),
-    lse: &[f32],
-    dsum: &[f32],
+/// One head's view of what its backward reads.
+struct HeadGrad<'a> {
+    h: Head<'a>,
+    d_o: &'a [f32],
+    lse: &'a [f32],
+    /// D = rowsum(dO * O) of the head's rows.
+    dsum: &'a [f32],
+    sh: &'a AttentionShape,
     scale: f32,
-    s: &mut [f32],
-    p: &mut [f32],
-    dp: &mut [f32],
-) {
-    scores(h, sh, (q0, br), (k0, bc), scale, s);
-    let dov = Mat::rows(d_o, q0, sh.dv);
-    mm(br, bc, sh.dv, dp, dov, Mat::rows(h.v, k0, sh.dv).t(), false);
-    for r in 0..br {
-        for c in 0..bc {
-            let i = r * bc + c;
-            p[i] = (s[i] - lse[q0 + r]).exp();
-            s[i] = p[i] * (dp[i] - dsum[q0 + r]);
+}
+
+/// The buffers of one tile pair, `[br, BC]` each: the scores (ds on
+/// return of [`HeadGrad::probs_and_ds`]), p and dp.
+struct Scratch {
+    s: Vec<f32>,
+    p: Vec<f32>,
+    dp: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(br: usize) -> Scratch {
+        Scratch {
+            s: vec![0f32; br * BC],
+            p: vec![0f32; br * BC],
+            dp: vec![0f32; br * BC],
+        }
+    }
+}
+
+impl HeadGrad<'_> {
+    /// p = exp(s - lse) into `t.p` and ds = p * (dp - D) into `t.s` for
+    /// query rows `q0..q0+br` against key rows `k0..k0+bc`.
+    fn probs_and_ds(&self, (q0, br): (usize, usize), (k0, bc): (usize, usize), t: &mut Scratch) {
+        let (h, sh) = (&self.h, self.sh);
+        scores(h, sh, (q0, br), (k0, bc), self.scale, &mut t.s);
+        let dov = Mat::rows(self.d_o, q0, sh.dv);
+        mm(
+            br,
+            bc,
+            sh.dv,
+            &mut t.dp,
+            dov,
+            Mat::rows(h.v, k0, sh.dv).t(),
+            false,
+        );
+        for r in 0..br {
+            for c in 0..bc {
+                let i = r * bc + c;
+                t.p[i] = (t.s[i] - self.lse[q0 + r]).exp();
+                t.s[i] = t.p[i] * (t.dp[i] - self.dsum[q0 + r]);
+            }
         }
     }
 }
@@ -231,47 +258,29 @@ fn backward(b: &Backward, sh: AttentionShape, scale: f32) -> (Vec<f32>, Vec<f32>
     if dq.is_empty() || dk.is_empty() {
         return (dq, dk, dv);
     }
-    let per_head = |hi: usize| {
-        let h = head(b.q, b.k, b.v, &sh, hi);
-        let d_o = &b.d_o[hi * sh.l * sh.dv..(hi + 1) * sh.l * sh.dv];
-        let lse = &b.lse[hi * sh.l..(hi + 1) * sh.l];
-        let dsum = &b.dsum[hi * sh.l..(hi + 1) * sh.l];
-        (h, d_o, lse, dsum)
+    let per_head = |hi: usize| HeadGrad {
+        h: head(b.q, b.k, b.v, &sh, hi),
+        d_o: &b.d_o[hi * sh.l * sh.dv..(hi + 1) * sh.l * sh.dv],
+        lse: &b.lse[hi * sh.l..(hi + 1) * sh.l],
+        dsum: &b.dsum[hi * sh.l..(hi + 1) * sh.l],
+        sh: &sh,
+        scale,
     };
     // dq: each query tile sums over every key tile.
     dq.par_chunks_mut(sh.l * sh.d)
         .enumerate()
         .for_each(|(hi, dq_h)| {
-            let (h, d_o, lse, dsum) = per_head(hi);
+            let g = per_head(hi);
             dq_h.par_chunks_mut(BR * sh.d)
                 .enumerate()
                 .for_each(|(t, dq_t)| {
                     let (q0, br) = (t * BR, dq_t.len() / sh.d);
-                    let (mut s, mut p, mut dp) = tiles(br);
+                    let mut tile = Scratch::new(br);
                     for k0 in (0..sh.s).step_by(BC) {
                         let bc = BC.min(sh.s - k0);
-                        probs_and_ds(
-                            &h,
-                            d_o,
-                            &sh,
-                            (q0, br),
-                            (k0, bc),
-                            lse,
-                            dsum,
-                            scale,
-                            &mut s,
-                            &mut p,
-                            &mut dp,
-                        );
-                        mm(
-                            br,
-                            sh.d,
-                            bc,
-                            dq_t,
-                            Mat::rows(&s, 0, bc),
-                            Mat::rows(h.k, k0, sh.d),
-                            true,
-                        );
+                        g.probs_and_ds((q0, br), (k0, bc), &mut tile);
+                        let ds = Mat::rows(&tile.s, 0, bc);
+                        mm(br, sh.d, bc, dq_t, ds, Mat::rows(g.h.k, k0, sh.d), true);
                     }
                     dq_t.iter_mut().for_each(|x| *x *= scale);
                 });
@@ -281,54 +290,26 @@ fn backward(b: &Backward, sh: AttentionShape, scale: f32) -> (Vec<f32>, Vec<f32>
         .zip(dv.par_chunks_mut(sh.s * sh.dv))
         .enumerate()
         .for_each(|(hi, (dk_h, dv_h))| {
-            let (h, d_o, lse, dsum) = per_head(hi);
+            let g = per_head(hi);
             dk_h.par_chunks_mut(BC * sh.d)
                 .zip(dv_h.par_chunks_mut(BC * sh.dv))
                 .enumerate()
                 .for_each(|(t, (dk_t, dv_t))| {
                     let (k0, bc) = (t * BC, dk_t.len() / sh.d);
-                    let (mut s, mut p, mut dp) = tiles(BR);
+                    let mut tile = Scratch::new(BR);
                     for q0 in (0..sh.l).step_by(BR) {
                         let br = BR.min(sh.l - q0);
-                        probs_and_ds(
-                            &h,
-                            d_o,
-                            &sh,
-                            (q0, br),
-                            (k0, bc),
-                            lse,
-                            dsum,
-                            scale,
-                            &mut s,
-                            &mut p,
-                            &mut dp,
-                        );
+                        g.probs_and_ds((q0, br), (k0, bc), &mut tile);
                         // dv += p^T dO, dk += ds^T q (scaled below).
-                        let dov = Mat::rows(d_o, q0, sh.dv);
-                        mm(bc, sh.dv, br, dv_t, Mat::rows(&p, 0, bc).t(), dov, true);
-                        mm(
-                            bc,
-                            sh.d,
-                            br,
-                            dk_t,
-                            Mat::rows(&s, 0, bc).t(),
-                            Mat::rows(h.q, q0, sh.d),
-                            true,
-                        );
+                        let (p, ds) =
+                            (Mat::rows(&tile.p, 0, bc).t(), Mat::rows(&tile.s, 0, bc).t());
+                        mm(bc, sh.dv, br, dv_t, p, Mat::rows(g.d_o, q0, sh.dv), true);
+                        mm(bc, sh.d, br, dk_t, ds, Mat::rows(g.h.q, q0, sh.d), true);
                     }
                     dk_t.iter_mut().for_each(|x| *x *= scale);
                 });
         });
     (dq, dk, dv)
-}
-
-/// Scratch for one tile pair: scores/ds, p and dp, `[br, BC]` each.
-fn tiles(br: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    (
-        vec![0f32; br * BC],
-        vec![0f32; br * BC],
-        vec![0f32; br * BC],
-    )
 }
 
 /// A packed buffer's f32 values (a BF16 one widened).
