@@ -435,10 +435,7 @@ impl AdamW {
                 scalars: s,
             });
         }
-        let outs = match grad_mul {
-            Some(mul) => Storage::adamw_multi_scaled(entries, mul)?,
-            None => Storage::adamw_multi(entries)?,
-        };
+        let outs = Storage::adamw_multi(entries, grad_mul)?;
         for ((p, mo), out) in params.iter_mut().zip(moments).zip(outs) {
             mo.step += 1;
             let shape = p.shape().clone();

@@ -2,7 +2,7 @@
 //! gradient norm's sum of squares and scaling over many gradients, each a
 //! few launches per device ([`crate::backend::MultiOptimBackend`]).
 
-use crate::backend::{AdamWScalars, AdamWStep};
+use crate::backend::{AdamWScalars, AdamWStep, ScaledAdamWBackend};
 
 use super::{same, CpuStorage, CudaStorage, Storage, Variant, View};
 use crate::{Error, Layout, Result};
@@ -23,15 +23,21 @@ pub(crate) struct AdamWEntry<'a> {
 impl Storage {
     /// AdamW steps of many parameters of one device (the backend's
     /// `adamw_multi`): the new parameters in order, each with the bits of
-    /// [`Storage::adamw_step`]; an empty list is no work.
-    pub(crate) fn adamw_multi(entries: Vec<AdamWEntry<'_>>) -> Result<Vec<Storage>> {
+    /// [`Storage::adamw_step`]; an empty list is no work. With `grad_mul`,
+    /// every gradient element is multiplied by it as the update reads it
+    /// (`adamw_multi_scaled`): the bits of scaling the gradients with
+    /// [`Storage::scale_all`] first, without the scaling pass.
+    pub(crate) fn adamw_multi(
+        entries: Vec<AdamWEntry<'_>>,
+        grad_mul: Option<f32>,
+    ) -> Result<Vec<Storage>> {
         let Some(first) = entries.first().map(|e| e.w.0) else {
             return Ok(Vec::new());
         };
         let _p = crate::profile::scope("adamw multi", first.device());
         match first {
-            Storage::Cpu(_) => adamw_multi_on::<CpuStorage>(first, entries),
-            Storage::Cuda(_) => adamw_multi_on::<CudaStorage>(first, entries),
+            Storage::Cpu(_) => adamw_multi_on::<CpuStorage>(first, entries, grad_mul),
+            Storage::Cuda(_) => adamw_multi_on::<CudaStorage>(first, entries, grad_mul),
         }
     }
 
@@ -85,9 +91,10 @@ fn grads_on<B: Variant, T>(
     f(&views)
 }
 
-fn adamw_multi_on<'a, B: crate::backend::MultiOptimBackend + Variant>(
+fn adamw_multi_on<'a, B: ScaledAdamWBackend + Variant>(
     first: &Storage,
     entries: Vec<AdamWEntry<'a>>,
+    grad_mul: Option<f32>,
 ) -> Result<Vec<Storage>> {
     let mut steps = Vec::with_capacity(entries.len());
     for e in entries {
@@ -111,58 +118,9 @@ fn adamw_multi_on<'a, B: crate::backend::MultiOptimBackend + Variant>(
         };
         steps.push((w, step));
     }
-    Ok(B::adamw_multi(steps)?.into_iter().map(B::wrap).collect())
-}
-
-impl Storage {
-    /// [`Storage::adamw_multi`] with every gradient element multiplied by
-    /// `grad_mul` as the update reads it (the backend's
-    /// `adamw_multi_scaled`): the bits of scaling the gradients with
-    /// [`Storage::scale_all`] first, without the scaling pass.
-    pub(crate) fn adamw_multi_scaled(
-        entries: Vec<AdamWEntry<'_>>,
-        grad_mul: f32,
-    ) -> Result<Vec<Storage>> {
-        let Some(first) = entries.first().map(|e| e.w.0) else {
-            return Ok(Vec::new());
-        };
-        let _p = crate::profile::scope("adamw multi", first.device());
-        match first {
-            Storage::Cpu(_) => adamw_multi_scaled_on::<CpuStorage>(first, entries, grad_mul),
-            Storage::Cuda(_) => adamw_multi_scaled_on::<CudaStorage>(first, entries, grad_mul),
-        }
-    }
-}
-
-fn adamw_multi_scaled_on<'a, B: crate::backend::ScaledAdamWBackend + Variant>(
-    first: &Storage,
-    entries: Vec<AdamWEntry<'a>>,
-    grad_mul: f32,
-) -> Result<Vec<Storage>> {
-    let mut steps = Vec::with_capacity(entries.len());
-    for e in entries {
-        let w = same::<B>("AdamW", first, e.w.0)?;
-        let g = same::<B>("AdamW", first, e.grad.0)?;
-        let (m_dev, v_dev) = (e.m.device(), e.v.device());
-        let on_device = m_dev == first.device() && v_dev == first.device();
-        let (Some(m), Some(v), true) = (B::of_mut(e.m), B::of_mut(e.v), on_device) else {
-            return Err(Error::InvalidOption(format!(
-                "AdamW: moments on {m_dev} and {v_dev} for a parameter on {}",
-                first.device()
-            )));
-        };
-        let step = AdamWStep {
-            layout: e.w.1,
-            grad: g,
-            grad_layout: e.grad.1,
-            m,
-            v,
-            scalars: e.scalars,
-        };
-        steps.push((w, step));
-    }
-    Ok(B::adamw_multi_scaled(steps, grad_mul)?
-        .into_iter()
-        .map(B::wrap)
-        .collect())
+    let new = match grad_mul {
+        None => B::adamw_multi(steps)?,
+        Some(mul) => B::adamw_multi_scaled(steps, mul)?,
+    };
+    Ok(new.into_iter().map(B::wrap).collect())
 }
