@@ -42,6 +42,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import flux_torch  # noqa: E402
+from flux_wide_peer import gib, mx_phases, read_metrics  # noqa: E402
 
 TARGETS = {"fp8": 0.9, "mxfp4": 1.2}   # mxswitch step time / torch BF16 step time, at most
 CLIP_NORM = 1.0
@@ -173,55 +174,10 @@ def run_mxswitch(args, out_dir):
     return res
 
 
-def read_metrics(path):
-    """The metrics.jsonl lines as dicts; unparsable lines are skipped (counted)."""
-    rows, bad = [], 0
-    if not os.path.exists(path):
-        return rows, bad
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    bad += 1
-    return rows, bad
-
-
-def mx_phases(rows, skip, tokens):
-    """Per recipe (in order of appearance): iterations, the median step_time_ms
-    after skipping the first `skip`, tokens/s, and the largest device_peak_bytes
-    (None when the key is absent)."""
-    phases = {}
-    for r in rows:
-        phases.setdefault(r.get("recipe"), []).append(r)
-    out = {}
-    for recipe, rs in phases.items():
-        timed = [r["step_time_ms"] for r in rs[skip:] if isinstance(r.get("step_time_ms"), (int, float))]
-        peaks = [r["device_peak_bytes"] for r in rs if isinstance(r.get("device_peak_bytes"), (int, float))]
-        med = statistics.median(timed) if timed else None
-        out[recipe] = {
-            "iters": f"{rs[0].get('iter')}-{rs[-1].get('iter')}",
-            "n_timed": len(timed),
-            "median_ms": med,
-            "tokens_per_s": tokens / (med * 1e-3) if med else None,
-            "peak_bytes": max(peaks) if peaks else None,
-            "loss_first": rs[0].get("loss"), "loss_last": rs[-1].get("loss"),
-        }
-    return out
-
-
-# ==========================================================================
-# report
-# ==========================================================================
 def verdict(ratio, target):
     if ratio is None:
         return "missing"
     return "met" if ratio <= target else f"MISSED by {ratio / target:.2f}x"
-
-
-def gib(b):
-    return f"{b / 2**30:.2f} GiB" if b else "missing"
 
 
 def report_rows(mx, tres):
