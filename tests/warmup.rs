@@ -114,6 +114,31 @@ fn warmup_runs_every_recipe_and_restores_everything() {
 }
 
 #[test]
+fn every_recipe_warms_up_from_the_same_state() {
+    let Setup {
+        mut model,
+        mut opt,
+        data,
+        schedule,
+    } = setup();
+    step(&mut model, &mut opt, &data, 0).unwrap();
+    let before = state(&mut model, &opt);
+    let mut seen = Vec::new();
+    warmup(&mut model, &mut opt, &schedule, 1, |m, o| {
+        seen.push(state(m, o));
+        step(m, o, &data, 1)
+    })
+    .unwrap();
+    assert_eq!(seen.len(), 2, "one step per recipe");
+    // The fp8 step must not start from the mxfp4 step's update: that would
+    // keep a second copy of every parameter on the device during it.
+    assert!(
+        seen.iter().all(|s| *s == before),
+        "each warm-up step starts from the parameters and moments of the start"
+    );
+}
+
+#[test]
 fn warmup_fails_when_a_recipe_never_ran() {
     let Setup {
         mut model,

@@ -102,21 +102,44 @@ extern "C" __global__ void __launch_bounds__(TILE* TILE_ROWS)
 
 // out[r][c] = acc[r * ld + c] * (scale_a * scale_b) + bias[c] for r < rows,
 // c < cols, in the CPU's order (the GEMM's alpha first, then the bias); the
-// scale pointers and the bias may be null.
+// scale pointers and the bias may be null. Grid (rows, column groups): each
+// thread does EPI_VEC neighbouring columns of one row, with 16-byte loads when
+// `vec` (ld and cols multiples of EPI_VEC, so every access is aligned).
+#define EPI_VEC 4
 extern "C" __global__ void lin_epilogue(const float* acc, u32 ld, const float* scale_a, const float* scale_b,
-                                        const float* bias, float* out_f32, u16* out_bf16, u32 rows, u32 cols) {
-    const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (u64)rows * cols) return;
-    // A 32-bit division where the index fits (a 64-bit one costs several times more).
-    const u64 r = i <= 0xFFFFFFFFull ? (u64)((u32)i / cols) : i / cols;
-    const u32 c = (u32)(i - r * cols);
-    float v = acc[r * ld + c];
-    if (scale_a) v = v * (scale_a[0] * scale_b[0]);
-    if (bias) v = v + bias[c];
-    if (out_bf16) {
-        out_bf16[i] = bf16_from_f32(v);
+                                        const float* bias, float* out_f32, u16* out_bf16, u32 rows, u32 cols,
+                                        u32 vec) {
+    const u64 r = blockIdx.x;
+    const u32 c0 = (blockIdx.y * blockDim.x + threadIdx.x) * EPI_VEC;
+    if (r >= rows || c0 >= cols) return;
+    const u32 count = cols - c0 < EPI_VEC ? cols - c0 : EPI_VEC;
+    const float* in = acc + r * ld + c0;
+    float v[EPI_VEC];
+    if (vec) {
+        const Vec16 q = *(const Vec16*)in;
+        for (int j = 0; j < EPI_VEC; ++j) v[j] = u2f(q.w[j]);
     } else {
-        out_f32[i] = v;
+        for (u32 j = 0; j < count; ++j) v[j] = in[j];
+    }
+    for (u32 j = 0; j < count; ++j) {
+        if (scale_a) v[j] = v[j] * (scale_a[0] * scale_b[0]);
+        if (bias) v[j] = v[j] + bias[c0 + j];
+    }
+    const u64 o = r * cols + c0;
+    if (out_bf16 && vec) {
+        u32 w[EPI_VEC / 2];
+        for (int j = 0; j < EPI_VEC / 2; ++j)
+            w[j] = (u32)bf16_from_f32(v[2 * j]) | ((u32)bf16_from_f32(v[2 * j + 1]) << 16);
+        u32* dst = (u32*)(out_bf16 + o);
+        for (int j = 0; j < EPI_VEC / 2; ++j) dst[j] = w[j];
+    } else if (out_bf16) {
+        for (u32 j = 0; j < count; ++j) out_bf16[o + j] = bf16_from_f32(v[j]);
+    } else if (vec) {
+        Vec16 q;
+        for (int j = 0; j < EPI_VEC; ++j) q.w[j] = f2u(v[j]);
+        *(Vec16*)(out_f32 + o) = q;
+    } else {
+        for (u32 j = 0; j < count; ++j) out_f32[o + j] = v[j];
     }
 }
 

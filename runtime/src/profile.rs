@@ -55,6 +55,7 @@ impl Drop for Scope {
         let host = self.t0.elapsed().as_secs_f64();
         wait(self.device);
         let dt = self.t0.elapsed().as_secs_f64();
+        note_peak(self.name, self.device);
         let mut t = totals().lock().unwrap_or_else(|p| p.into_inner());
         let e = t.entry(self.name).or_insert((0, 0.0, 0.0));
         e.0 += 1;
@@ -74,6 +75,24 @@ fn wait(device: Device) {
 fn timed_device() -> &'static Mutex<Option<Device>> {
     static D: OnceLock<Mutex<Option<Device>>> = OnceLock::new();
     D.get_or_init(|| Mutex::new(None))
+}
+
+/// The operation during which the allocator's peak was last raised, and that peak.
+fn peak_op() -> &'static Mutex<Option<(&'static str, u64)>> {
+    static P: OnceLock<Mutex<Option<(&'static str, u64)>>> = OnceLock::new();
+    P.get_or_init(|| Mutex::new(None))
+}
+
+/// Remembers `name` if the device's peak grew while it ran, so the report
+/// can say which operation holds the step's memory high-water mark.
+fn note_peak(name: &'static str, device: Device) {
+    let Some(st) = crate::storage::memory_stats(&device) else {
+        return;
+    };
+    let mut p = peak_op().lock().unwrap_or_else(|p| p.into_inner());
+    if p.is_none_or(|(_, peak)| st.peak_bytes > peak) {
+        *p = Some((name, st.peak_bytes));
+    }
 }
 
 /// Forgets the totals so far (for example those of a first step that
@@ -116,6 +135,9 @@ pub fn report() -> Option<String> {
             st.reuses,
             st.peak_bytes as f64 / 1048576.0
         );
+        if let Some((op, _)) = *peak_op().lock().unwrap_or_else(|p| p.into_inner()) {
+            out += &format!("  peak last raised during: {op}\n");
+        }
     }
     Some(out)
 }

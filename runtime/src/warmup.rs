@@ -74,8 +74,8 @@ fn restore<M: Parameters>(model: &mut M, snap: &[Option<Tensor>]) -> Result<()> 
 }
 
 /// Run `step` once per recipe of `schedule` with every linear on that
-/// recipe, then restore the parameters, the optimizer and the recipes of
-/// `iteration`. `step` is one full training step (forward, backward,
+/// recipe, each from the parameters and optimizer state of the start (put
+/// back after every step), then apply the recipes of `iteration`. `step` is one full training step (forward, backward,
 /// optimizer update) at the production batch shape.
 pub fn warmup<M, F>(
     model: &mut M,
@@ -89,40 +89,48 @@ where
     F: FnMut(&mut M, &mut AdamW) -> Result<()>,
 {
     let params = snapshot(model);
-    let opt_state = opt.try_clone()?;
-    let mut runs = Vec::new();
-    let mut seen = Vec::new();
+    let mut opt_state = Some(opt.try_clone()?);
+    let mut recipes = Vec::new();
     for phase in schedule.phases() {
-        if seen.contains(&phase.recipe) {
-            continue;
+        if !recipes.contains(&phase.recipe) {
+            recipes.push(phase.recipe);
         }
-        seen.push(phase.recipe);
-        apply_schedule(model, &Schedule::constant(phase.recipe), 0)?;
-        let before = kernel_runs(phase.recipe.kind);
+    }
+    let mut runs = Vec::new();
+    for (i, &recipe) in recipes.iter().enumerate() {
+        apply_schedule(model, &Schedule::constant(recipe), 0)?;
+        let before = kernel_runs(recipe.kind);
         let linears_before = linear_runs(model);
         let result = step(model, opt);
-        let ran = kernel_runs(phase.recipe.kind) - before;
+        let ran = kernel_runs(recipe.kind) - before;
         result?;
         if ran == 0 {
             return Err(Error::Plan(format!(
-                "warm-up: no `{}` linear kernel ran during its step; the model's forward does not reach its quantized linears",
-                phase.recipe
+                "warm-up: no `{recipe}` linear kernel ran during its step; the model's forward does not reach its quantized linears"
             )));
         }
         let idle = not_reached(model, &linears_before);
         if !idle.is_empty() {
             return Err(Error::Plan(format!(
-                "warm-up: the model's forward never called {} of its {} #[quantize] linears during the `{}` step: {}; call each one in the forward, or remove its mark",
+                "warm-up: the model's forward never called {} of its {} #[quantize] linears during the `{recipe}` step: {}; call each one in the forward, or remove its mark",
                 idle.len(),
                 linears_before.len(),
-                phase.recipe,
                 idle.join(", ")
             )));
         }
-        runs.push((phase.recipe.kind, ran));
+        runs.push((recipe.kind, ran));
+        // Back to the start before the next recipe's step: the updated
+        // parameters and moments are dropped here, so the device never holds
+        // them beside the snapshot during another forward and backward.
+        restore(model, &params)?;
+        // The copy itself goes back after the last step (no second copy).
+        let saved = "the copy is taken only after the last step";
+        *opt = if i + 1 < recipes.len() {
+            opt_state.as_ref().expect(saved).try_clone()?
+        } else {
+            opt_state.take().expect(saved)
+        };
     }
-    restore(model, &params)?;
-    *opt = opt_state;
     apply_schedule(model, schedule, iteration)?;
     Ok(WarmupReport { runs })
 }
