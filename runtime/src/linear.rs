@@ -84,45 +84,55 @@ impl QuantLinear {
                 what: self.describe(),
             });
         };
-        let k = self.params.in_features;
-        if x.dims().last() != Some(&k) {
-            return Err(Error::Shape(format!(
-                "linear `{}`: input {:?} must end in {k} features (W is [{}, {k}])",
-                self.path,
-                x.shape(),
-                self.params.out_features
-            )));
-        }
+        check_input(&self.params, &self.path, x)?;
         let Some(recipe) = self.recipe else {
             return Err(Error::Unplanned {
                 what: self.describe(),
             });
         };
-        let m = x.elem_count() / k;
+        let op = LinearOp::new(recipe, &self.params, x, self.path.clone(), true);
         self.runs.fetch_add(1, Ordering::Relaxed);
-        let op = LinearOp {
-            recipe,
-            shape: LinearShape {
-                m,
-                k,
-                n: self.params.out_features,
-            },
-            out_dims: x.dims()[..x.rank() - 1]
-                .iter()
-                .copied()
-                .chain([self.params.out_features])
-                .collect(),
-            path: self.path.clone(),
+        LinearOp {
             iteration: self.iteration,
             seed: self.seed,
             index: self.index,
-        };
-        let mut inputs = vec![x, &**weight];
-        if let Some(b) = &self.params.bias {
-            inputs.push(b);
+            ..op
         }
-        Ok(apply_custom(op, &inputs)?.remove(0))
+        .apply(x, weight, self.params.bias.as_deref())
     }
+}
+
+/// The error for an `x` that does not end in the layer's `in_features`.
+fn check_input(params: &LinearParams, path: &str, x: &Tensor) -> Result<()> {
+    let (k, n) = (params.in_features, params.out_features);
+    if x.dims().last() == Some(&k) {
+        return Ok(());
+    }
+    let what = match path {
+        "" => params.describe("linear"),
+        p => format!("linear `{p}`"),
+    };
+    Err(Error::Shape(format!(
+        "{what}: input {:?} must end in {k} features (W is [{n}, {k}])",
+        x.shape(),
+    )))
+}
+
+/// y = x W^T + b of a high-precision layer's `params` in BF16 (the `bf16`
+/// recipe: BF16 operands, f32 accumulation, the f32 bias added before the
+/// one rounding), on the tape: [`crate::module::Dense`] with BF16
+/// activations. Its saved input is not one of the plan's saved bytes.
+pub(crate) fn bf16_linear(params: &LinearParams, path: &str, x: &Tensor) -> Result<Tensor> {
+    let recipe = Recipe::new(crate::recipe::RecipeKind::Bf16);
+    let weight = params.weight.as_ref().ok_or_else(|| Error::NotAllocated {
+        what: params.describe("linear"),
+    })?;
+    check_input(params, path, x)?;
+    LinearOp::new(recipe, params, x, Arc::from(path), false).apply(
+        x,
+        weight,
+        params.bias.as_deref(),
+    )
 }
 
 impl Parameters for QuantLinear {
@@ -171,6 +181,8 @@ struct LinearOp {
     iteration: u64,
     seed: u64,
     index: u64,
+    /// A plan linear: its saved bytes count in SPEC section 4's measure.
+    planned: bool,
 }
 
 /// What the tape keeps: the recipe's saved tensors (in the memory of the
@@ -183,6 +195,43 @@ struct LinearSaved {
 }
 
 impl LinearOp {
+    /// The call of `params` on `x` (checked by [`check_input`]) at
+    /// iteration 0, seed 0 and plan index 0.
+    fn new(
+        recipe: Recipe,
+        params: &LinearParams,
+        x: &Tensor,
+        path: Arc<str>,
+        planned: bool,
+    ) -> LinearOp {
+        let (k, n) = (params.in_features, params.out_features);
+        LinearOp {
+            recipe,
+            shape: LinearShape {
+                m: x.elem_count() / k,
+                k,
+                n,
+            },
+            out_dims: x.dims()[..x.rank() - 1]
+                .iter()
+                .copied()
+                .chain([n])
+                .collect(),
+            path,
+            iteration: 0,
+            seed: 0,
+            index: 0,
+            planned,
+        }
+    }
+
+    /// The op on the tape over x, the master weight and the bias.
+    fn apply(self, x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        let mut inputs = vec![x, weight];
+        inputs.extend(bias);
+        Ok(apply_custom(self, &inputs)?.remove(0))
+    }
+
     fn call(&self) -> LinearCall<'_> {
         LinearCall {
             recipe: &self.recipe,
@@ -246,7 +295,11 @@ impl CustomOp for LinearOp {
     }
 
     fn saved_elements(&self, saved: &LinearSaved) -> usize {
-        saved.saved.elements()
+        if self.planned {
+            saved.saved.elements()
+        } else {
+            0
+        }
     }
 
     fn backward(

@@ -345,8 +345,14 @@ impl Dense {
         self
     }
 
-    /// y = x W^T + b in f32, returned in x's dtype.
+    /// y = x W^T + b in the activation dtype's high precision: f32 for f32
+    /// x; for BF16 x the `bf16` recipe (the weight rounded to BF16 inside
+    /// the forward, f32 accumulation, the f32 bias added before the one
+    /// rounding), as PyTorch's autocast runs a linear.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if x.dtype() == crate::DType::BF16 {
+            return crate::linear::bf16_linear(&self.params, &self.params.path, x);
+        }
         let w = self
             .params
             .weight

@@ -146,3 +146,54 @@ fn errors_name_the_layer_and_shapes() {
     let e = bad.forward(&x).unwrap_err().to_string();
     assert!(e.contains("blocks.2.qkv activation, iteration 9"), "{e}");
 }
+
+/// A `Dense` with BF16 activations is the `bf16` recipe's linear, bit for
+/// bit, and its saved input is not one of the plan's saved bytes; with f32
+/// activations it stays the f32 linear.
+#[test]
+fn dense_runs_bf16_with_bf16_activations() {
+    use mxswitch_runtime::module::Dense;
+    let (m, k, n) = (24, 64, 40);
+    let mut dense = Dense::new(k, n, true);
+    allocate(&mut dense, 3).unwrap();
+    let mut lin = linear(k, n, "l");
+    for (to, from) in [
+        (&mut lin.params.weight, &dense.params.weight),
+        (&mut lin.params.bias, &dense.params.bias),
+    ] {
+        let t = from.as_ref().unwrap().tensor().clone();
+        to.as_mut().unwrap().set(t).unwrap();
+    }
+    lin.set_recipe(Recipe::new(RecipeKind::Bf16));
+    let x32 = Tensor::from_vec(randn(m * k, 8, 1.0), [m, k], &Device::Cpu).unwrap();
+    let x = x32.to_dtype(DType::BF16).unwrap();
+    let y = dense.forward(&x).unwrap();
+    assert_eq!(y.dtype(), DType::BF16);
+    assert_eq!(
+        y.to_vec_f32().unwrap(),
+        lin.forward(&x).unwrap().to_vec_f32().unwrap()
+    );
+    let dy = Tensor::from_vec(randn(m * n, 9, 0.01), [m, n], &Device::Cpu)
+        .unwrap()
+        .to_dtype(DType::BF16)
+        .unwrap();
+    let (gd, gl) = (
+        y.backward_with(&dy).unwrap(),
+        lin.forward(&x).unwrap().backward_with(&dy).unwrap(),
+    );
+    let id = |l: &mxswitch_runtime::module::LinearParams| l.weight.as_ref().unwrap().id();
+    assert_eq!(
+        gd.get(id(&dense.params)).unwrap().to_vec_f32().unwrap(),
+        gl.get(id(&lin.params)).unwrap().to_vec_f32().unwrap(),
+        "dW"
+    );
+    assert_eq!(
+        y.saved_bytes().per_element(),
+        0.0,
+        "a Dense is not a plan linear"
+    );
+    // f32 activations: the f32 linear, not rounded to BF16.
+    let y32 = dense.forward(&x32).unwrap();
+    let bf = y32.to_dtype(DType::BF16).unwrap().to_vec_f32().unwrap();
+    assert_ne!(y32.to_vec_f32().unwrap(), bf, "an f32 output");
+}
