@@ -6,7 +6,11 @@
 //! a profiled step is slower than a normal one; what it shows is the share of
 //! each operation. [`report`] prints the totals, largest first; `mxswitch
 //! train` resets them after its first step, whose kernel compilations would
-//! otherwise dominate.
+//! otherwise dominate. The training loop also times the host parts of each
+//! step ([`host_scope`]: batch upload, forward, loss read back, backward,
+//! clipping and AdamW); `MXSWITCH_PROFILE=host` times only those, without
+//! waiting for the device, so the step runs as it does unprofiled and the
+//! parts that wait show where the host stalls.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -17,9 +21,21 @@ use crate::Device;
 /// The environment variable that turns profiling on.
 pub const ENV: &str = "MXSWITCH_PROFILE";
 
+/// Whether profiling is on (`MXSWITCH_PROFILE` set, not empty or `0`).
 fn enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var(ENV).is_ok_and(|v| !v.is_empty() && v != "0"))
+    mode().is_some()
+}
+
+/// `Some(true)` times every operation; `Some(false)` (`MXSWITCH_PROFILE=host`)
+/// only the host parts of the step, with no waits for the device, so the
+/// step runs as it does unprofiled.
+fn mode() -> Option<bool> {
+    static MODE: OnceLock<Option<bool>> = OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var(ENV).ok().as_deref() {
+        None | Some("") | Some("0") => None,
+        Some("host") => Some(false),
+        Some(_) => Some(true),
+    })
 }
 
 /// Per operation: (calls, seconds in all, seconds before the closing wait).
@@ -39,7 +55,7 @@ pub struct Scope {
 
 /// Starts timing `name` on `device` (CPU operations are not timed).
 pub fn scope(name: &'static str, device: Device) -> Option<Scope> {
-    if !enabled() || device == Device::Cpu {
+    if mode() != Some(true) || device == Device::Cpu {
         return None;
     }
     wait(device);
@@ -77,6 +93,39 @@ fn timed_device() -> &'static Mutex<Option<Device>> {
     D.get_or_init(|| Mutex::new(None))
 }
 
+/// Wall time of one part of a training step on the host, until dropped;
+/// a no-op unless profiling. Unlike [`scope`] it does not wait for the
+/// device, so what it shows is where the host spends the step: a part
+/// that waits (a loss read back, a synchronous copy) shows the device's
+/// work before it.
+pub struct HostScope {
+    name: &'static str,
+    t0: Instant,
+}
+
+/// Starts timing the host part `name` of a step.
+pub fn host_scope(name: &'static str) -> Option<HostScope> {
+    enabled().then(|| HostScope {
+        name,
+        t0: Instant::now(),
+    })
+}
+
+fn host_totals() -> &'static Mutex<HashMap<&'static str, (u64, f64)>> {
+    static T: OnceLock<Mutex<HashMap<&'static str, (u64, f64)>>> = OnceLock::new();
+    T.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+impl Drop for HostScope {
+    fn drop(&mut self) {
+        let dt = self.t0.elapsed().as_secs_f64();
+        let mut t = host_totals().lock().unwrap_or_else(|p| p.into_inner());
+        let e = t.entry(self.name).or_insert((0, 0.0));
+        e.0 += 1;
+        e.1 += dt;
+    }
+}
+
 /// The operation during which the allocator's peak was last raised, and that peak.
 fn peak_op() -> &'static Mutex<Option<(&'static str, u64)>> {
     static P: OnceLock<Mutex<Option<(&'static str, u64)>>> = OnceLock::new();
@@ -99,6 +148,10 @@ fn note_peak(name: &'static str, device: Device) {
 /// compiled kernels).
 pub fn reset() {
     totals().lock().unwrap_or_else(|p| p.into_inner()).clear();
+    host_totals()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clear();
 }
 
 /// The totals so far, one line per operation, largest first; None unless profiling.
@@ -111,10 +164,13 @@ pub fn report() -> Option<String> {
         t.iter().map(|(k, v)| (*k, v.0, v.1, v.2)).collect();
     rows.sort_by(|a, b| b.2.total_cmp(&a.2));
     let all: f64 = rows.iter().map(|r| r.2).sum();
-    let mut out = format!(
-        "profile ({ENV}): {:.1} ms in timed operations (host: time until the work was queued)\n",
-        all * 1e3
-    );
+    let mut out = match rows.is_empty() {
+        true => format!("profile ({ENV}):\n"),
+        false => format!(
+            "profile ({ENV}): {:.1} ms in timed operations (host: time until the work was queued)\n",
+            all * 1e3
+        ),
+    };
     for (name, n, s, host) in rows {
         out += &format!(
             "  {name:<26} {:>9.1} ms {:>5.1}%  {n:>7} calls  {:>8.1} us/call  host {:>7.1} us/call\n",
@@ -122,6 +178,19 @@ pub fn report() -> Option<String> {
             100.0 * s / all.max(1e-12),
             s * 1e6 / n as f64,
             host * 1e6 / n as f64
+        );
+    }
+    let host = host_totals().lock().unwrap_or_else(|p| p.into_inner());
+    let mut parts: Vec<_> = host.iter().map(|(k, v)| (*k, v.0, v.1)).collect();
+    parts.sort_by(|a, b| b.2.total_cmp(&a.2));
+    if !parts.is_empty() {
+        out += "  host parts of the step (wall time, overlapping the operations above):\n";
+    }
+    for (name, n, s) in parts {
+        out += &format!(
+            "    {name:<24} {:>9.1} ms  {n:>7} calls  {:>8.1} us/call\n",
+            s * 1e3,
+            s * 1e6 / n as f64
         );
     }
     let device = *timed_device().lock().unwrap_or_else(|p| p.into_inner());

@@ -292,7 +292,9 @@ impl Fit {
                     iteration: iter,
                     warmup: false,
                 };
+                let part = mxswitch_runtime::profile::host_scope("step (all of it)");
                 let (loss, per_element) = train_step(model, opt, &mut step, at, clip, hint)?;
+                drop(part);
                 let step_time_ms = t0.elapsed().as_secs_f64() * 1e3;
                 if iter == start {
                     mxswitch_runtime::profile::reset();
@@ -351,17 +353,25 @@ where
     M: Parameters,
     S: FnMut(&mut M, Step) -> Result<Tensor>,
 {
+    use mxswitch_runtime::profile::host_scope;
+    let part = host_scope("step: forward");
     let loss = step(model, at)?;
     let saved = loss.saved_bytes();
+    drop(part);
+    let part = host_scope("step: loss read back");
     let loss_value = loss.to_scalar_f32()?;
+    drop(part);
     if !loss_value.is_finite() {
         return Err(Error::Training(format!(
             "loss is {loss_value} at iteration {}: training diverged; {hint}",
             at.iteration
         )));
     }
+    let part = host_scope("step: backward");
     let grads = loss.backward()?;
     drop(loss);
+    drop(part);
+    let part = host_scope("step: clip and AdamW");
     // The clip factor goes into the AdamW step, which scales each gradient
     // element as it reads it: the bits of clip_grad_norm then
     // optimizer_step, without a pass that rewrites every gradient.
@@ -370,6 +380,8 @@ where
         None => None,
     };
     optimizer_step_scaled(model, opt, &grads, grad_mul)?;
+    drop(grads);
+    drop(part);
     Ok((loss_value, saved.per_element()))
 }
 
