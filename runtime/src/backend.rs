@@ -83,6 +83,11 @@ pub trait BackendDevice: Sized + Clone + Send + Sync {
     fn zeros(&self, shape: &Shape, dtype: DType) -> Result<Self::Storage>;
     /// Uploads host data.
     fn storage_from_cpu(&self, data: CpuStorage) -> Result<Self::Storage>;
+    /// Uploads host data it does not own (a packed tensor moving here); a
+    /// backend that copies from a slice anyway saves the host copy.
+    fn storage_from_host(&self, data: &CpuStorage) -> Result<Self::Storage> {
+        self.storage_from_cpu(data.clone())
+    }
 }
 
 /// Which axis of a row-major `[rows, cols]` matrix a GEMM reduces over.

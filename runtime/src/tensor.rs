@@ -282,6 +282,18 @@ impl Tensor {
         if *device == self.device() {
             return Ok(self.clone());
         }
+        // A packed host tensor uploads straight from its buffer.
+        if let Storage::Cpu(data) = self.storage() {
+            let l = self.layout();
+            if l.is_contiguous() && l.offset() == 0 && data.len() == self.elem_count() {
+                let storage = Storage::from_host(data, device)?;
+                return Ok(Tensor::new(
+                    Arc::new(storage),
+                    Layout::contiguous(self.shape().clone()),
+                    None,
+                ));
+            }
+        }
         Tensor::from_cpu(self.host()?, self.shape().clone(), device)
     }
 

@@ -21,6 +21,7 @@ use cudarc::driver::{
 use super::alloc::{Pool, PoolStats};
 use super::gemm::Blas;
 use super::nvrtc::{self, KernelSource};
+use super::staging::Staging;
 use super::{driver_err, CudaError, DevBuf, Result};
 
 /// What the context runs on, for logs and reports.
@@ -89,6 +90,7 @@ pub(crate) struct Inner {
     // Field order is drop order: everything that holds device memory or
     // handles goes before the driver context.
     pub(crate) blas: Mutex<Option<Blas>>,
+    staging: Mutex<Staging>,
     deferred: Mutex<DeferredChecks>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
@@ -175,6 +177,7 @@ impl CudaContext {
         Ok(CudaContext {
             inner: Arc::new(Inner {
                 blas: Mutex::new(None),
+                staging: Mutex::new(Staging::default()),
                 deferred: Mutex::new(DeferredChecks::default()),
                 functions: Mutex::new(HashMap::new()),
                 modules: Mutex::new(HashMap::new()),
@@ -227,15 +230,24 @@ impl CudaContext {
         Ok(buf)
     }
 
-    /// Copies host data into a new buffer.
+    /// Copies host data into a new buffer, in stream order, through a pinned
+    /// block ([`Staging`]): the call does not wait for the GPU.
     pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<DevBuf> {
-        let buf = self.alloc(std::mem::size_of_val(data))?;
-        if !data.is_empty() {
+        let bytes = std::mem::size_of_val(data);
+        let buf = self.alloc(bytes)?;
+        if bytes > 0 {
             self.bind()?;
-            // SAFETY: buf holds size_of_val(data) bytes; the copy from pageable
-            // memory is staged by the driver before the call returns.
-            unsafe { dresult::memcpy_htod_async(buf.ptr(), data, self.inner.stream.cu_stream()) }
-                .map_err(driver_err("cuMemcpyHtoDAsync"))?;
+            let mut staging = self.inner.staging.lock().unwrap_or_else(|p| p.into_inner());
+            // SAFETY: data is `bytes` readable bytes, buf holds as many, and
+            // bind made this context current.
+            unsafe {
+                staging.upload(
+                    buf.ptr(),
+                    data.as_ptr() as *const u8,
+                    bytes,
+                    self.inner.stream.cu_stream(),
+                )
+            }?;
         }
         Ok(buf)
     }

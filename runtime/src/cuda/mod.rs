@@ -40,6 +40,7 @@ pub mod nvrtc;
 pub mod operand;
 mod operand_quantize;
 pub mod quantize;
+mod staging;
 pub mod storage;
 
 pub use alloc::{DevBuf, PoolStats};

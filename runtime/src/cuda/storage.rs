@@ -373,7 +373,11 @@ impl BackendDevice for CudaDevice {
     }
 
     fn storage_from_cpu(&self, data: CpuStorage) -> Result<CudaStorage> {
-        let (buf, dtype, len) = match &data {
+        self.storage_from_host(&data)
+    }
+
+    fn storage_from_host(&self, data: &CpuStorage) -> Result<CudaStorage> {
+        let (buf, dtype, len) = match data {
             CpuStorage::F32(v) => (self.ctx.upload(v), DType::F32, v.len()),
             CpuStorage::BF16(v) => (self.ctx.upload(v), DType::BF16, v.len()),
             CpuStorage::U8(v) => (self.ctx.upload(v), DType::U8, v.len()),

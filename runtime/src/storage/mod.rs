@@ -76,6 +76,15 @@ impl Storage {
         }
     }
 
+    /// A copy of the host `data` on `device` (a CPU copy on the CPU).
+    pub(crate) fn from_host(data: &CpuStorage, device: &Device) -> Result<Storage> {
+        match device {
+            Device::Cpu => Ok(Storage::Cpu(data.clone())),
+            Device::Cuda(i) => Ok(Storage::Cuda(CudaDevice::get(*i)?.storage_from_host(data)?)),
+            _ => Err(unavailable(device)),
+        }
+    }
+
     pub(crate) fn zeros(shape: &Shape, dtype: DType, device: &Device) -> Result<Storage> {
         match device {
             Device::Cpu => Ok(Storage::Cpu(CpuDevice.zeros(shape, dtype)?)),
