@@ -5,6 +5,7 @@
 //! noise, so the velocity the model must predict depends on the text: the
 //! loss can fall well below its starting value of about 1 + |x0|^2.
 
+use mxswitch_runtime::formats::bf16;
 use mxswitch_runtime::module::SplitMix64;
 use mxswitch_runtime::{DType, Device, Result, Tensor};
 
@@ -60,6 +61,10 @@ pub struct SyntheticData {
     patterns: Vec<Vec<f32>>,
     /// [Lt*context] per class.
     texts: Vec<Vec<f32>>,
+    /// The same texts as BF16 bits: a BF16 batch copies them instead of
+    /// converting its largest tensor every step (a flux-wide batch's text
+    /// is 16.8 M values, which took longer to build than a GPU step).
+    texts_bf16: Vec<Vec<u16>>,
     /// [vec] per class.
     vectors: Vec<Vec<f32>>,
 }
@@ -96,7 +101,7 @@ impl SyntheticData {
                 p
             })
             .collect();
-        let texts = (0..CLASSES)
+        let texts: Vec<Vec<f32>> = (0..CLASSES)
             .map(|_| {
                 (0..data.txt_tokens * model.context_in_dim)
                     .map(|_| rng.normal())
@@ -106,6 +111,10 @@ impl SyntheticData {
         let vectors = (0..CLASSES)
             .map(|_| (0..model.vec_in_dim).map(|_| rng.normal()).collect())
             .collect();
+        let texts_bf16 = texts
+            .iter()
+            .map(|t| t.iter().map(|&x| bf16::from_f32(x)).collect())
+            .collect();
         SyntheticData {
             data: data.clone(),
             context: model.context_in_dim,
@@ -113,6 +122,7 @@ impl SyntheticData {
             seed,
             patterns,
             texts,
+            texts_bf16,
             vectors,
         }
     }
@@ -128,8 +138,15 @@ impl SyntheticData {
                 .wrapping_add(step)
                 .wrapping_mul(0xD134_2543_DE82_EF95),
         );
-        let (mut xt, mut target, mut txt, mut y, mut ts) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let bf16_txt = act == DType::BF16;
+        let (mut xt, mut target, mut txt, mut txt_bits, mut y, mut ts) = (
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        );
         for _ in 0..d.batch {
             let class = (rng.next_u64() % CLASSES as u64) as usize;
             let t = rng.next_f64() as f32;
@@ -143,7 +160,10 @@ impl SyntheticData {
             }
             xt.extend(patchify(&x_t, c, h, w));
             target.extend(patchify(&v, c, h, w));
-            txt.extend_from_slice(&self.texts[class]);
+            match bf16_txt {
+                true => txt_bits.extend_from_slice(&self.texts_bf16[class]),
+                false => txt.extend_from_slice(&self.texts[class]),
+            }
             y.extend_from_slice(&self.vectors[class]);
             ts.push(t);
         }
@@ -151,7 +171,12 @@ impl SyntheticData {
         let dev = Device::Cpu;
         Ok(Batch {
             img: Tensor::from_vec(xt, [b, li, 4 * c], &dev)?.to_dtype(act)?,
-            txt: Tensor::from_vec(txt, [b, d.txt_tokens, self.context], &dev)?.to_dtype(act)?,
+            txt: match bf16_txt {
+                true => Tensor::from_bf16_bits(txt_bits, [b, d.txt_tokens, self.context], &dev)?,
+                false => {
+                    Tensor::from_vec(txt, [b, d.txt_tokens, self.context], &dev)?.to_dtype(act)?
+                }
+            },
             y: Tensor::from_vec(y, [b, self.vec_dim], &dev)?.to_dtype(act)?,
             timesteps: ts,
             target: Tensor::from_vec(target, [b, li, 4 * c], &dev)?,
@@ -182,6 +207,26 @@ pub fn patchify(x: &[f32], c: usize, h: usize, w: usize) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A BF16 batch is the f32 batch rounded to BF16, the text included
+    /// (which comes from the precomputed BF16 copies).
+    #[test]
+    fn a_bf16_batch_is_the_f32_batch_rounded() {
+        let cfg = crate::flux::RunConfig::load("flux-tiny").unwrap();
+        let data = SyntheticData::new(&cfg.model, &cfg.data, 3);
+        let (a, b) = (
+            data.batch(5, DType::F32).unwrap(),
+            data.batch(5, DType::BF16).unwrap(),
+        );
+        for (x, y) in [(&a.txt, &b.txt), (&a.img, &b.img), (&a.y, &b.y)] {
+            assert_eq!(y.dtype(), DType::BF16);
+            assert_eq!(
+                x.to_dtype(DType::BF16).unwrap().to_vec_bf16_bits().unwrap(),
+                y.to_vec_bf16_bits().unwrap()
+            );
+        }
+        assert_eq!(a.target.to_vec_f32().unwrap(), b.target.to_vec_f32().unwrap());
+    }
 
     #[test]
     fn patchify_orders_channels_c_ph_pw() {

@@ -74,37 +74,44 @@ impl Staging {
         Ok(())
     }
 
-    /// The smallest block of at least `bytes` whose copies have finished.
+    /// A block of `bytes`'s size class (a power of two, at least
+    /// [`MIN_BLOCK`]) whose copies have finished: classes do not lend to
+    /// each other, so a small upload never holds the batch's big block.
     fn free_block(&mut self, bytes: usize) -> Result<usize> {
-        let mut best: Option<(usize, usize)> = None;
-        for (i, b) in self.blocks.iter_mut().enumerate() {
-            if b.cap < bytes || best.is_some_and(|(_, cap)| cap <= b.cap) {
-                continue;
-            }
-            if b.pending && !finished(b.event)? {
-                continue;
-            }
-            b.pending = false;
-            best = Some((i, b.cap));
-        }
-        if let Some((i, _)) = best {
-            return Ok(i);
-        }
         let cap = bytes.next_power_of_two().max(MIN_BLOCK);
-        if self.blocks.iter().map(|b| b.cap).sum::<usize>() + cap > MAX_PINNED {
-            // Wait for every copy in flight, then reuse a block or start over.
-            for b in &mut self.blocks {
+        let mut busy = None;
+        for (i, b) in self.blocks.iter_mut().enumerate() {
+            if b.cap != cap {
+                continue;
+            }
+            if !b.pending || finished(b.event)? {
+                b.pending = false;
+                return Ok(i);
+            }
+            busy = Some(i);
+        }
+        let held: usize = self.blocks.iter().map(|b| b.cap).sum();
+        if held + cap > MAX_PINNED {
+            if let Some(i) = busy {
+                // At the cap: wait for a block of this class to come free.
+                let b = &mut self.blocks[i];
                 // SAFETY: the block's own, live event.
                 unsafe { dresult::event::synchronize(b.event) }
                     .map_err(driver_err("cuEventSynchronize"))?;
                 b.pending = false;
-            }
-            if let Some(i) = self.blocks.iter().position(|b| b.cap >= bytes) {
                 return Ok(i);
             }
-            self.release();
+            // None of this class yet: free the idle blocks of the others.
+            self.blocks.retain(|b| {
+                let idle = !b.pending || finished(b.event).unwrap_or(false);
+                if idle {
+                    // SAFETY: no copy reads an idle block.
+                    unsafe { free(b) };
+                }
+                !idle
+            });
         }
-        // SAFETY: a plain pinned allocation, freed in Drop.
+        // SAFETY: a plain pinned allocation, freed in `free`.
         let ptr = unsafe { dresult::malloc_host(cap, 0) }.map_err(driver_err("cuMemHostAlloc"))?;
         let event = dresult::event::create(dsys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
             .map_err(driver_err("cuEventCreate"))?;
@@ -128,23 +135,27 @@ fn finished(event: dsys::CUevent) -> Result<bool> {
     }
 }
 
-impl Staging {
-    /// Frees every block, after its copies have run.
-    fn release(&mut self) {
-        for b in self.blocks.drain(..) {
-            // SAFETY: our event and block; a copy in flight finishes before
-            // the block is freed. Errors at teardown have nowhere to go.
-            unsafe {
-                let _ = dresult::event::synchronize(b.event);
-                let _ = dresult::event::destroy(b.event);
-                let _ = dresult::free_host(b.ptr as *mut c_void);
-            }
-        }
+/// Destroys a block's event and frees its memory.
+///
+/// # Safety
+/// No queued copy may still read the block.
+unsafe fn free(b: &Block) {
+    // SAFETY: our own event and pinned block. Errors here (at teardown) have
+    // nowhere to go.
+    unsafe {
+        let _ = dresult::event::destroy(b.event);
+        let _ = dresult::free_host(b.ptr as *mut c_void);
     }
 }
 
 impl Drop for Staging {
     fn drop(&mut self) {
-        self.release();
+        for b in self.blocks.drain(..) {
+            // SAFETY: the copies out of the block finish before it is freed.
+            unsafe {
+                let _ = dresult::event::synchronize(b.event);
+                free(&b);
+            }
+        }
     }
 }
