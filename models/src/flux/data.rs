@@ -225,7 +225,10 @@ mod tests {
                 y.to_vec_bf16_bits().unwrap()
             );
         }
-        assert_eq!(a.target.to_vec_f32().unwrap(), b.target.to_vec_f32().unwrap());
+        assert_eq!(
+            a.target.to_vec_f32().unwrap(),
+            b.target.to_vec_f32().unwrap()
+        );
     }
 
     #[test]

@@ -14,10 +14,36 @@ use crate::{DType, Error, Layout, Result, Shape};
 /// Elements per rayon task of a large update.
 const CHUNK: usize = 1 << 14;
 
+/// How the update reads each gradient element: as it is, or times the clip
+/// factor with the bits of `affine(mul, 0)` in the gradient's dtype (what
+/// [`MultiOptimBackend::scale_all`] would have written).
+#[derive(Clone, Copy)]
+enum Read {
+    Plain,
+    Scaled { mul: f32, bf16: bool },
+}
+
+impl Read {
+    #[inline(always)]
+    fn grad(self, g: f32) -> f32 {
+        match self {
+            Read::Plain => g,
+            Read::Scaled { mul, bf16 } => {
+                let x = g * mul + 0.0;
+                match bf16 {
+                    true => f32::from_bits(u32::from(crate::formats::bf16::from_f32(x)) << 16),
+                    false => x,
+                }
+            }
+        }
+    }
+}
+
 /// One AdamW step over flat slices, split across threads when large.
-fn update(s: &AdamWScalars, w: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
+fn update(s: &AdamWScalars, read: Read, w: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]) {
     let kernel = |w: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32]| {
         for (((w, &g), m), v) in w.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+            let g = read.grad(g);
             *w *= s.decay;
             *m = s.b1 * *m + s.one_minus_b1 * g;
             *v = s.b2 * *v + s.one_minus_b2 * g * g;
@@ -37,6 +63,13 @@ fn update(s: &AdamWScalars, w: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f3
 
 impl OptimBackend for CpuStorage {
     fn adamw_step(&self, step: AdamWStep<'_, CpuStorage>) -> Result<CpuStorage> {
+        self.adamw_read(step, Read::Plain)
+    }
+}
+
+impl CpuStorage {
+    /// [`OptimBackend::adamw_step`], reading the gradient through `read`.
+    fn adamw_read(&self, step: AdamWStep<'_, CpuStorage>, read: Read) -> Result<CpuStorage> {
         let n = step.layout.shape().elem_count();
         let mut w = self.packed_f32(step.layout, "AdamW")?.into_owned();
         let g = step.grad.packed_f32(step.grad_layout, "AdamW")?;
@@ -51,7 +84,7 @@ impl OptimBackend for CpuStorage {
                 v.len()
             )));
         }
-        update(step.scalars, &mut w, &g, m, v);
+        update(step.scalars, read, &mut w, &g, m, v);
         let w = CpuStorage::F32(w);
         match self.dtype() {
             DType::F32 => Ok(w),
@@ -92,36 +125,26 @@ impl MultiOptimBackend for CpuStorage {
 }
 
 impl crate::backend::ScaledAdamWBackend for CpuStorage {
-    /// Each gradient scaled by [`MultiOptimBackend::scale_all`] (its
-    /// `affine(grad_mul, 0)`, rounded to its dtype), then
-    /// [`MultiOptimBackend::adamw_multi`]: by construction the bits of
-    /// clipping first, the reference the GPU's fused kernel matches.
+    /// Each gradient element read as [`MultiOptimBackend::scale_all`] would
+    /// have written it (`affine(grad_mul, 0)`, rounded to its dtype), in the
+    /// update's one pass: by construction the bits of clipping first, the
+    /// reference the GPU's fused kernel matches.
     fn adamw_multi_scaled<'a>(
         steps: Vec<(&'a Self, AdamWStep<'a, Self>)>,
         grad_mul: f32,
     ) -> Result<Vec<Self>> {
-        let views: Vec<(&CpuStorage, &Layout)> =
-            steps.iter().map(|(_, s)| (s.grad, s.grad_layout)).collect();
-        let scaled = Self::scale_all(&views, grad_mul)?;
-        let packed: Vec<Layout> = steps
-            .iter()
-            .map(|(_, s)| Layout::contiguous(s.grad_layout.shape().clone()))
-            .collect();
-        let steps = steps
+        steps
             .into_iter()
-            .zip(scaled.iter().zip(&packed))
-            .map(|((w, s), (g, l))| {
-                let step = AdamWStep {
-                    layout: s.layout,
-                    grad: g,
-                    grad_layout: l,
-                    m: s.m,
-                    v: s.v,
-                    scalars: s.scalars,
-                };
-                (w, step)
+            .map(|(w, s)| {
+                let bf16 = s.grad.dtype() == DType::BF16;
+                w.adamw_read(
+                    s,
+                    Read::Scaled {
+                        mul: grad_mul,
+                        bf16,
+                    },
+                )
             })
-            .collect();
-        Self::adamw_multi(steps)
+            .collect()
     }
 }
