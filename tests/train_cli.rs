@@ -69,7 +69,9 @@ fn bad_requests_get_one_line() {
             "--out",
             out,
         ],
-        "ROCm backend is not available",
+        // No AMD GPU on a test machine: the libraries are missing (CI) or
+        // HIP sees no device.
+        "--device rocm: ",
     );
     let file = dir.path().join("a-file");
     std::fs::write(&file, "x").unwrap();

@@ -34,6 +34,8 @@ pub mod dtype;
 pub mod op;
 pub mod ops;
 pub mod optim;
+#[cfg(feature = "rocm")]
+pub mod rocm;
 pub mod shape;
 pub mod storage;
 pub mod tensor;
