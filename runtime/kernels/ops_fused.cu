@@ -445,7 +445,7 @@ __device__ __forceinline__ void rms_rope_tile(const T* x, const float* w, const 
 #pragma unroll
             for (int k = 0; k < VEC; ++k) xs[wp][row][col + k] = v[k];
         }
-        __syncwarp();
+        sync_warp();
         if (lane < nr) {
             double q = 0.0;
             for (u32 j = 0; j < dd; ++j) {
@@ -456,7 +456,7 @@ __device__ __forceinline__ void rms_rope_tile(const T* x, const float* w, const 
             rss[wp][lane] = rstd;
             rstd_out[r0 + lane] = rstd;
         }
-        __syncwarp();
+        sync_warp();
         for (u32 q = lane; q < groups; q += 32) {
             const u32 e = q * VEC, row = e / dd, col = e - row * dd;
             const u64 r = r0 + row, p = (r - div64(r, seq) * seq) * half;
@@ -474,7 +474,7 @@ __device__ __forceinline__ void rms_rope_tile(const T* x, const float* w, const 
             }
             st_vec(out + r0 * d, e, v);
         }
-        __syncwarp();  // xs and rss are written again for the next tile
+        sync_warp();  // xs and rss are written again for the next tile
     }
 }
 
@@ -526,13 +526,13 @@ __device__ __forceinline__ void rms_rope_dx_tile(const T* x, const float* w, con
                 ys[row][col + k] = xv[k] * rs;
             }
         }
-        __syncwarp();
+        sync_warp();
         if (lane < nr) {
             double s_dyy = 0.0;
             for (u32 j = 0; j < dd; ++j) s_dyy += (double)dys[lane][j] * (double)ys[lane][j];
             ms[lane] = (float)(s_dyy / (double)d);
         }
-        __syncwarp();
+        sync_warp();
         for (u32 q = lane; q < groups; q += 32) {
             const u32 e = q * VEC, row = e / dd, col = e - row * dd;
             const float rs = rstd[r0 + row], m = ms[row];
@@ -541,7 +541,7 @@ __device__ __forceinline__ void rms_rope_dx_tile(const T* x, const float* w, con
             for (int k = 0; k < VEC; ++k) v[k] = (dys[row][col + k] - ys[row][col + k] * m) * rs;
             st_vec(dx + base, e, v);
         }
-        __syncwarp();  // the tile's shared arrays are written again for the next one
+        sync_warp();  // the tile's shared arrays are written again for the next one
     }
 }
 

@@ -2,9 +2,13 @@
 //! backend uses. Needs only libnvrtc (no GPU): where it cannot be loaded the
 //! test says it skipped. Run locally with the pip wheel's NVRTC, e.g.
 //! `LD_LIBRARY_PATH=$(python3 -c 'import nvidia.cu13, os; print(os.path.dirname(nvidia.cu13.__file__))')/lib`.
+//!
+//! Also: the HIP assembly of the same modules keeps to the portable rules,
+//! and with `MXSWITCH_KERNEL_DUMP=<dir>` writes each module's full HIP text
+//! to `<dir>/<name>` for `.ci/rocm-kernels` (which compiles them for AMD).
 #![cfg(feature = "cuda")]
 
-use mxswitch_runtime::cuda::nvrtc;
+use mxswitch_runtime::cuda::nvrtc::{self, Platform};
 
 #[test]
 fn every_kernel_source_compiles_for_sm90() {
@@ -20,4 +24,44 @@ fn every_kernel_source_compiles_for_sm90() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The HIP modules are the CUDA ones but for the prelude and the shims, and
+/// name no CUDA-only construct (inline PTX, `*_sync` warp intrinsics,
+/// `__syncwarp`).
+#[test]
+fn hip_sources_are_the_cuda_modules_without_cuda_only_code() {
+    let cuda = nvrtc::all_sources_for(Platform::Cuda);
+    let hip = nvrtc::all_sources_for(Platform::Hip);
+    let names = |v: &[nvrtc::KernelSource]| v.iter().map(|s| s.name).collect::<Vec<_>>();
+    assert_eq!(names(&cuda), names(&nvrtc::all_sources()));
+    assert_eq!(names(&hip), names(&cuda));
+    for src in &hip {
+        let text = nvrtc::full_source_for(src, Platform::Hip);
+        for bad in ["asm(", "asm volatile", "_sync(", "__syncwarp"] {
+            assert!(!text.contains(bad), "{} (HIP) contains {bad:?}", src.name);
+        }
+        for line in text.lines().filter(|l| l.starts_with("#line")) {
+            assert!(
+                !line.ends_with("_cuda.cuh\""),
+                "{} (HIP) includes {line}",
+                src.name
+            );
+        }
+    }
+}
+
+#[test]
+fn dump_hip_sources() {
+    let Some(dir) = std::env::var_os("MXSWITCH_KERNEL_DUMP") else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for src in nvrtc::all_sources_for(Platform::Hip) {
+        let path = dir.join(src.name);
+        assert!(!path.exists(), "two modules named {}", src.name);
+        std::fs::write(&path, nvrtc::full_source_for(&src, Platform::Hip)).unwrap();
+        eprintln!("wrote {}", path.display());
+    }
 }

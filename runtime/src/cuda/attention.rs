@@ -46,6 +46,20 @@ pub const ATTENTION: KernelSource = KernelSource {
     ),
 };
 
+/// The HIP form of [`ATTENTION`] (for AMD GPUs, compile-checked only by
+/// `.ci/rocm-kernels`, never compiled by this backend): the portable HIP
+/// shim `attention_mma_hip.cuh` (same functions and semantics, no MFMA yet)
+/// in place of the CUDA one, then the same `attention.cu`.
+pub const ATTENTION_HIP: KernelSource = KernelSource {
+    name: "attention.cu",
+    body: concat!(
+        "#line 1 \"attention_mma_hip.cuh\"\n",
+        include_str!("../../kernels/attention_mma_hip.cuh"),
+        "\n#line 1 \"attention.cu\"\n",
+        include_str!("../../kernels/attention.cu")
+    ),
+};
+
 /// Widest `d` or `dv` the GPU kernels take.
 const MAX_WIDTH: usize = 256;
 /// Head widths of the tensor-core kernels (`ATTN_MMA_KERNELS` instances).

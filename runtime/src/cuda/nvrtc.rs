@@ -1,9 +1,12 @@
 //! Kernel sources and their run-time compilation by NVRTC, once per process.
 //!
 //! The sources live in `runtime/kernels/` and are embedded in the binary.
-//! Each is compiled with `common.cuh` prepended (NVRTC through cudarc takes
-//! no header list) and a `#line` directive so that compiler messages name the
-//! right file and line. The PTX is cached per (source, architecture) for the
+//! Each is compiled with the platform prelude (`platform_cuda.cuh`) and
+//! `common.cuh` prepended (NVRTC through cudarc takes no header list), each
+//! part after a `#line` directive so that compiler messages name the right
+//! file and line. [`full_source_for`] assembles the same modules for HIP
+//! (`platform_hip.cuh`, and [`all_sources_for`] swaps in the HIP shims),
+//! which `.ci/rocm-kernels` compile-checks for AMD GPUs. The PTX is cached per (source, architecture) for the
 //! life of the process; each [`super::CudaContext`] loads a module once.
 //!
 //! Compiler flags that the bit-exactness with the CPU depends on:
@@ -29,6 +32,40 @@ pub struct KernelSource {
 
 /// Device code shared by every kernel: formats, scales, Philox, Hadamard.
 pub const COMMON: &str = include_str!("../../kernels/common.cuh");
+
+/// The platform a kernel module is assembled for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Platform {
+    /// NVIDIA, compiled by NVRTC: what the backend runs.
+    Cuda,
+    /// AMD (HIP), compile-checked only by `.ci/rocm-kernels`.
+    Hip,
+}
+
+impl Platform {
+    /// The prelude prepended before `common.cuh`: file name and text of the
+    /// platform's spelling of the few platform-specific device functions.
+    pub fn prelude(self) -> (&'static str, &'static str) {
+        match self {
+            Platform::Cuda => (
+                "platform_cuda.cuh",
+                include_str!("../../kernels/platform_cuda.cuh"),
+            ),
+            Platform::Hip => (
+                "platform_hip.cuh",
+                include_str!("../../kernels/platform_hip.cuh"),
+            ),
+        }
+    }
+
+    /// Short lowercase name (`cuda`, `hip`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Platform::Cuda => "cuda",
+            Platform::Hip => "hip",
+        }
+    }
+}
 
 /// The [`KernelSource`] of `runtime/kernels/<file>`, embedded in the binary
 /// (for sources declared in `runtime/src/cuda/`, which the path is relative to).
@@ -58,6 +95,22 @@ pub fn all_sources() -> [KernelSource; 7] {
         super::mx_tile::MX_TILE,
         super::attention::ATTENTION,
     ]
+}
+
+/// [`all_sources`] as assembled for `platform`: for HIP, each module with a
+/// CUDA-only shim has it replaced by its HIP form (attention:
+/// `ATTENTION_HIP` of `attention.rs`); the other modules are the same text.
+pub fn all_sources_for(platform: Platform) -> Vec<KernelSource> {
+    all_sources()
+        .into_iter()
+        .map(|src| match platform {
+            Platform::Cuda => src,
+            Platform::Hip if src.body == super::attention::ATTENTION.body => {
+                super::attention::ATTENTION_HIP
+            }
+            Platform::Hip => src,
+        })
+        .collect()
 }
 
 /// Launches kernel `$name` of source `$src` on `$ctx`'s stream with the
@@ -90,8 +143,16 @@ pub const INCLUDE_ENV: &str = "MXSWITCH_CUDA_INCLUDE";
 
 /// The full text NVRTC compiles for `src`.
 pub fn full_source(src: &KernelSource) -> String {
+    full_source_for(src, Platform::Cuda)
+}
+
+/// The full text of `src` for `platform`: the platform prelude, `common.cuh`
+/// and the body, each after a `#line` directive. The HIP compile check adds
+/// `hip_runtime.h` on the compiler's command line, not here.
+pub fn full_source_for(src: &KernelSource, platform: Platform) -> String {
+    let (prelude_name, prelude) = platform.prelude();
     format!(
-        "#line 1 \"common.cuh\"\n{COMMON}\n#line 1 \"{}\"\n{}",
+        "#line 1 \"{prelude_name}\"\n{prelude}\n#line 1 \"common.cuh\"\n{COMMON}\n#line 1 \"{}\"\n{}",
         src.name, src.body
     )
 }
