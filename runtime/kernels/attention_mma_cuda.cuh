@@ -2,9 +2,9 @@
 // warp-level tensor-core MMA, ldmatrix, asynchronous global-to-shared copies
 // and the reductions over the four lanes that share a row of an MMA
 // fragment. The CUDA build prepends this file to attention.cu (after
-// common.cuh); a HIP build supplies its own file with the same functions and
-// the same semantics, so attention.cu itself has no inline assembly, no warp
-// intrinsic and no #if.
+// common.cuh); the HIP build uses attention_mma_hip.cuh, with the same
+// functions and the same semantics, so attention.cu itself has no inline
+// assembly, no warp intrinsic and no #if.
 //
 // Fragment layouts are PTX's for mma.m16n8k16 with 16-bit inputs (PTX ISA,
 // "Matrix Fragments for mma.m16n8k16"). With g = lane / 4, t = lane % 4 and

@@ -13,7 +13,10 @@
 // The code keeps to the common subset of CUDA and HIP: __float_as_uint,
 // __uint_as_float, fminf, floorf, __syncthreads and atomicMax exist in both;
 // no warp shuffles (HIP wavefronts are 64 wide), no inline PTX, no headers.
-// The host prepends this file to each kernel source before compiling.
+// The host prepends this file to each kernel source before compiling, after
+// the platform prelude (platform_cuda.cuh, or platform_hip.cuh for the HIP
+// compile check of .ci/rocm-kernels), which names the few constructs that
+// differ (sync_warp); kernels use those rather than the intrinsics.
 
 typedef unsigned char u8;
 typedef unsigned short u16;
