@@ -1,5 +1,6 @@
 //! The runtime side of the DSL on a real model (flux-tiny): warm-up proves
-//! every recipe ran and restores everything bit for bit; a switch touches
+//! every recipe ran, starts each recipe's step from the same state and
+//! restores everything bit for bit; a switch touches
 //! no parameter, id or optimizer state, and it does change the output.
 
 use mxswitch::models::flux::{Flux, FluxInput, RunConfig, SyntheticData};
@@ -87,10 +88,19 @@ fn warmup_runs_every_recipe_and_restores_everything() {
     } = setup();
     step(&mut model, &mut opt, &data, 0).unwrap(); // some optimizer state to restore
     let before = state(&mut model, &opt);
+    let mut seen = Vec::new();
     let report = warmup(&mut model, &mut opt, &schedule, 1, |m, o| {
+        seen.push(state(m, o));
         step(m, o, &data, 1)
     })
     .unwrap();
+    // The fp8 step must not start from the mxfp4 step's update: that would
+    // keep a second copy of every parameter on the device during it.
+    assert_eq!(seen.len(), 2, "one step per recipe");
+    assert!(
+        seen.iter().all(|s| *s == before),
+        "each warm-up step starts from the parameters and moments of the start"
+    );
     assert_eq!(
         report
             .runs
@@ -110,31 +120,6 @@ fn warmup_runs_every_recipe_and_restores_everything() {
         model.apply(1).changed,
         0,
         "warm-up leaves the schedule's recipes of the start iteration"
-    );
-}
-
-#[test]
-fn every_recipe_warms_up_from_the_same_state() {
-    let Setup {
-        mut model,
-        mut opt,
-        data,
-        schedule,
-    } = setup();
-    step(&mut model, &mut opt, &data, 0).unwrap();
-    let before = state(&mut model, &opt);
-    let mut seen = Vec::new();
-    warmup(&mut model, &mut opt, &schedule, 1, |m, o| {
-        seen.push(state(m, o));
-        step(m, o, &data, 1)
-    })
-    .unwrap();
-    assert_eq!(seen.len(), 2, "one step per recipe");
-    // The fp8 step must not start from the mxfp4 step's update: that would
-    // keep a second copy of every parameter on the device during it.
-    assert!(
-        seen.iter().all(|s| *s == before),
-        "each warm-up step starts from the parameters and moments of the start"
     );
 }
 
