@@ -231,7 +231,7 @@ impl CudaContext {
     }
 
     /// Copies host data into a new buffer, in stream order, through a pinned
-    /// block ([`Staging`]): the call does not wait for the GPU.
+    /// block (`staging.rs`): the call does not wait for the GPU.
     pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<DevBuf> {
         let bytes = std::mem::size_of_val(data);
         let buf = self.alloc(bytes)?;
