@@ -1,7 +1,8 @@
 //! The ROCm backend's foundation (issue 15, in progress): the HIP runtime,
 //! hiprtc and hipBLASLt found and loaded at run time, the device probe,
-//! the table of which GEMM runs on which architecture ([`gemm_path`]) and
-//! the HIP and hipBLASLt constants ([`consts`]). Storage, kernels and GEMMs
+//! the table of which GEMM runs on which architecture ([`gemm_path`]), the
+//! kernel compilation with hiprtc ([`hiprtc`]) and the HIP and hipBLASLt
+//! constants ([`consts`]). Storage, kernels and GEMMs
 //! are not built yet. Opening a ROCm device therefore always ends in one
 //! line, and that line says which of the three cases it is: the libraries
 //! are missing (naming what was looked for and where), no AMD GPU is present
@@ -11,6 +12,7 @@
 
 pub mod consts;
 pub mod gemm_path;
+pub mod hiprtc;
 
 use std::path::PathBuf;
 
@@ -54,8 +56,8 @@ pub struct Libraries {
     hip: Library,
     /// The file of each library, in the order HIP runtime, hiprtc, hipBLASLt.
     pub paths: Vec<String>,
-    // Kept loaded for the backend that will call them.
-    _hiprtc: Library,
+    hiprtc: Library,
+    // Kept loaded for the GEMMs the backend will run.
     _hipblaslt: Library,
 }
 
@@ -105,7 +107,7 @@ pub fn load() -> Result<Libraries, String> {
     Ok(Libraries {
         hip,
         paths: vec![p0, p1, p2],
-        _hiprtc: hiprtc,
+        hiprtc,
         _hipblaslt: hipblaslt,
     })
 }
