@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CString};
 
-use libloading::Symbol;
+use libloading::{Library, Symbol};
 
 use super::Libraries;
 
@@ -52,35 +52,17 @@ pub struct Hiprtc<'l> {
 impl<'l> Hiprtc<'l> {
     /// The entry points of the loaded hiprtc, or the one missing.
     pub fn new(libs: &'l Libraries) -> Result<Hiprtc<'l>, String> {
-        let lib = &libs.hiprtc;
-        let get = |name: &str| format!("{} has no {name}", libs.paths[1]);
-        // SAFETY: hiprtc's C API, with these signatures since ROCm 5.
-        unsafe {
-            Ok(Hiprtc {
-                create: lib
-                    .get(b"hiprtcCreateProgram\0")
-                    .map_err(|_| get("hiprtcCreateProgram"))?,
-                compile: lib
-                    .get(b"hiprtcCompileProgram\0")
-                    .map_err(|_| get("hiprtcCompileProgram"))?,
-                log_size: lib
-                    .get(b"hiprtcGetProgramLogSize\0")
-                    .map_err(|_| get("hiprtcGetProgramLogSize"))?,
-                log: lib
-                    .get(b"hiprtcGetProgramLog\0")
-                    .map_err(|_| get("hiprtcGetProgramLog"))?,
-                code_size: lib
-                    .get(b"hiprtcGetCodeSize\0")
-                    .map_err(|_| get("hiprtcGetCodeSize"))?,
-                code: lib
-                    .get(b"hiprtcGetCode\0")
-                    .map_err(|_| get("hiprtcGetCode"))?,
-                destroy: lib
-                    .get(b"hiprtcDestroyProgram\0")
-                    .map_err(|_| get("hiprtcDestroyProgram"))?,
-                cache: HashMap::new(),
-            })
-        }
+        let (lib, path) = (&libs.hiprtc, libs.paths[1].as_str());
+        Ok(Hiprtc {
+            create: symbol(lib, path, "hiprtcCreateProgram")?,
+            compile: symbol(lib, path, "hiprtcCompileProgram")?,
+            log_size: symbol(lib, path, "hiprtcGetProgramLogSize")?,
+            log: symbol(lib, path, "hiprtcGetProgramLog")?,
+            code_size: symbol(lib, path, "hiprtcGetCodeSize")?,
+            code: symbol(lib, path, "hiprtcGetCode")?,
+            destroy: symbol(lib, path, "hiprtcDestroyProgram")?,
+            cache: HashMap::new(),
+        })
     }
 
     /// The code object of module `name` (full source `source`) for `arch`,
@@ -152,6 +134,14 @@ impl<'l> Hiprtc<'l> {
                 .to_string()
         }
     }
+}
+
+/// The entry point `name` of `lib` (loaded from `path`), typed as the field
+/// it fills: every field's type is hiprtc's C signature since ROCm 5.
+fn symbol<'l, T>(lib: &'l Library, path: &str, name: &str) -> Result<Symbol<'l, T>, String> {
+    let c = CString::new(name).expect("symbol names have no NUL");
+    // SAFETY: the caller's field type is the symbol's C signature.
+    unsafe { lib.get(c.as_bytes_with_nul()) }.map_err(|_| format!("{path} has no {name}"))
 }
 
 /// The first line of a compile log that reports an error, else its first line.
