@@ -39,8 +39,8 @@ unsafe impl Send for Staging {}
 
 impl Staging {
     /// Copies `bytes` bytes at `src` to device address `dst` on `stream`
-    /// through a free pinned block (a new one when every block that fits
-    /// still has a copy in flight).
+    /// through a free pinned block of its size class (a new one when every
+    /// block of the class still has a copy in flight).
     ///
     /// # Safety
     /// `src` must be readable for `bytes` bytes, `dst` writable for as many,
