@@ -1,8 +1,9 @@
 //! The ROCm backend's foundation (issue 15, in progress): the HIP runtime,
 //! hiprtc and hipBLASLt found and loaded at run time, the device probe,
 //! the table of which GEMM runs on which architecture ([`gemm_path`]), the
-//! kernel compilation with hiprtc ([`hiprtc`]) and the HIP and hipBLASLt
-//! constants ([`consts`]). Storage, kernels and GEMMs
+//! kernel compilation with hiprtc ([`hiprtc`]), the HIP runtime entry points
+//! the backend will call ([`hip`]) and the HIP and hipBLASLt constants
+//! ([`consts`]). Storage, kernels and GEMMs
 //! are not built yet. Opening a ROCm device therefore always ends in one
 //! line, and that line says which of the three cases it is: the libraries
 //! are missing (naming what was looked for and where), no AMD GPU is present
@@ -12,6 +13,7 @@
 
 pub mod consts;
 pub mod gemm_path;
+pub mod hip;
 pub mod hiprtc;
 
 use std::path::PathBuf;
@@ -53,7 +55,8 @@ fn search_dirs() -> Vec<PathBuf> {
 
 /// The three libraries, loaded, with the files they came from.
 pub struct Libraries {
-    hip: Library,
+    /// The HIP runtime ([`hip::Hip`] resolves its entry points).
+    pub hip: Library,
     /// The file of each library, in the order HIP runtime, hiprtc, hipBLASLt.
     pub paths: Vec<String>,
     hiprtc: Library,
@@ -130,24 +133,13 @@ pub fn probe() -> Probe {
         Ok(l) => l,
         Err(e) => return Probe::NoLibraries(e),
     };
-    type Init = unsafe extern "C" fn(u32) -> i32;
-    type Count = unsafe extern "C" fn(*mut i32) -> i32;
-    // SAFETY: the two symbols have these C signatures in every HIP release.
-    let symbols = unsafe {
-        (
-            libs.hip.get::<Init>(b"hipInit\0"),
-            libs.hip.get::<Count>(b"hipGetDeviceCount\0"),
-        )
-    };
-    let (Ok(init), Ok(count)) = symbols else {
-        return Probe::NoLibraries(format!(
-            "ROCm backend unavailable: {} has no hipInit or hipGetDeviceCount",
-            libs.paths[0]
-        ));
+    let hip = match hip::Hip::new(&libs.hip, &libs.paths[0]) {
+        Ok(h) => h,
+        Err(e) => return Probe::NoLibraries(format!("ROCm backend unavailable: {e}")),
     };
     let mut n = 0i32;
     // SAFETY: plain calls with an out-parameter we own.
-    let (rc_init, rc_count) = unsafe { (init(0), count(&mut n)) };
+    let (rc_init, rc_count) = unsafe { ((hip.init)(0), (hip.device_count)(&mut n)) };
     if rc_init != consts::HIP_SUCCESS || rc_count != consts::HIP_SUCCESS || n <= 0 {
         return Probe::NoDevice(no_device_line(rc_init, rc_count, &libs.paths));
     }

@@ -1,22 +1,35 @@
-//! Every kernel module compiles with hiprtc through the ROCm backend's own
-//! loader and compile path (`rocm::hiprtc`), for gfx942 and gfx950, and each
-//! code object names its processor. Needs the HIP runtime, hiprtc and
-//! hipBLASLt (no GPU): where they cannot be loaded the test says it skipped.
-//! `.ci/rocm-sid-chroot` runs it inside a Debian sid chroot with ROCm 6.4.
+//! The ROCm libraries as the backend uses them, with no GPU: every HIP
+//! runtime entry point of `rocm::hip` resolves, and every kernel module
+//! compiles with hiprtc through the backend's own loader and compile path
+//! (`rocm::hiprtc`) for gfx942 and gfx950, each code object naming its
+//! processor. Where the HIP runtime, hiprtc and hipBLASLt cannot be loaded
+//! each test says it skipped. `.ci/rocm-sid-chroot` runs them inside a
+//! Debian sid chroot with ROCm 6.4.
 #![cfg(all(feature = "rocm", feature = "cuda"))]
 
 use mxswitch_runtime::cuda::nvrtc::{self, Platform};
-use mxswitch_runtime::rocm::{self, hiprtc::Hiprtc};
+use mxswitch_runtime::rocm::{self, hip, hiprtc::Hiprtc};
+
+/// The libraries, or `None` after saying the test skipped.
+fn libraries() -> Option<rocm::Libraries> {
+    rocm::load().map_err(|e| eprintln!("SKIPPED: {e}")).ok()
+}
+
+#[test]
+fn every_hip_entry_point_resolves() {
+    let Some(libs) = libraries() else { return };
+    let h = hip::Hip::new(&libs.hip, &libs.paths[0]);
+    assert!(h.is_ok(), "{}", h.err().unwrap_or_default());
+    eprintln!(
+        "{} HIP entry points resolved from {}",
+        hip::SYMBOLS.len(),
+        libs.paths[0]
+    );
+}
 
 #[test]
 fn every_module_compiles_with_hiprtc_for_gfx942_and_gfx950() {
-    let libs = match rocm::load() {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("SKIPPED: {e}");
-            return;
-        }
-    };
+    let Some(libs) = libraries() else { return };
     let mut rtc = Hiprtc::new(&libs).unwrap();
     let mut failures = Vec::new();
     let mut passed = 0;
