@@ -1,5 +1,6 @@
 //! The ROCm libraries as the backend uses them, with no GPU: every HIP
-//! runtime entry point of `rocm::hip` resolves, and every kernel module
+//! runtime and hipBLASLt entry point of `rocm::hip` and `rocm::hipblaslt`
+//! resolves, and every kernel module
 //! compiles with hiprtc through the backend's own loader and compile path
 //! (`rocm::hiprtc`) for gfx942 and gfx950, each code object naming its
 //! processor. Where the HIP runtime, hiprtc and hipBLASLt cannot be loaded
@@ -8,7 +9,7 @@
 #![cfg(all(feature = "rocm", feature = "cuda"))]
 
 use mxswitch_runtime::cuda::nvrtc::{self, Platform};
-use mxswitch_runtime::rocm::{self, hip, hiprtc::Hiprtc};
+use mxswitch_runtime::rocm::{self, hip, hipblaslt, hiprtc::Hiprtc};
 
 /// The libraries, or `None` after saying the test skipped.
 fn libraries() -> Option<rocm::Libraries> {
@@ -24,6 +25,19 @@ fn every_hip_entry_point_resolves() {
         "{} HIP entry points resolved from {}",
         hip::SYMBOLS.len(),
         libs.paths[0]
+    );
+}
+
+/// Resolving is all: `hipblasLtCreate` exits the process without a GPU.
+#[test]
+fn every_hipblaslt_entry_point_resolves() {
+    let Some(libs) = libraries() else { return };
+    let h = hipblaslt::HipBlasLt::new(&libs.hipblaslt, &libs.paths[2]);
+    assert!(h.is_ok(), "{}", h.err().unwrap_or_default());
+    eprintln!(
+        "{} hipBLASLt entry points resolved from {}",
+        hipblaslt::SYMBOLS.len(),
+        libs.paths[2]
     );
 }
 

@@ -7,43 +7,11 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
-use libloading::{Library, Symbol};
-
 /// `hipStream_t`, `hipEvent_t`, `hipModule_t`, `hipFunction_t`.
 pub type Handle = *mut c_void;
 
-type Status = c_int;
-
-macro_rules! hip_api {
-    ($($field:ident = $symbol:literal: fn($($arg:ty),*);)+) => {
-        /// The entry points, borrowed from the loaded library.
-        pub struct Hip<'l> {
-            $(
-                #[doc = concat!("`", $symbol, "`.")]
-                pub $field: Symbol<'l, unsafe extern "C" fn($($arg),*) -> Status>,
-            )+
-        }
-
-        /// Every symbol this table resolves, in order.
-        pub const SYMBOLS: &[&str] = &[$($symbol),+];
-
-        impl<'l> Hip<'l> {
-            /// Resolves every entry point of `lib` (loaded from `path`), or
-            /// names the first one it lacks.
-            pub fn new(lib: &'l Library, path: &str) -> Result<Hip<'l>, String> {
-                Ok(Hip {
-                    $(
-                        // SAFETY: the field's type is the symbol's C signature.
-                        $field: unsafe { lib.get(concat!($symbol, "\0").as_bytes()) }
-                            .map_err(|_| format!("{path} has no {}", $symbol))?,
-                    )+
-                })
-            }
-        }
-    };
-}
-
-hip_api! {
+super::entry_points! {
+    Hip,
     // Device (cuInit, cuDeviceGetCount, cuCtxSetCurrent, cuMemGetInfo).
     init = "hipInit": fn(c_uint);
     device_count = "hipGetDeviceCount": fn(*mut c_int);

@@ -1,9 +1,9 @@
 //! The ROCm backend's foundation (issue 15, in progress): the HIP runtime,
 //! hiprtc and hipBLASLt found and loaded at run time, the device probe,
 //! the table of which GEMM runs on which architecture ([`gemm_path`]), the
-//! kernel compilation with hiprtc ([`hiprtc`]), the HIP runtime entry points
-//! the backend will call ([`hip`]) and the HIP and hipBLASLt constants
-//! ([`consts`]). Storage, kernels and GEMMs
+//! kernel compilation with hiprtc ([`hiprtc`]), the HIP runtime and
+//! hipBLASLt entry points the backend will call ([`hip`], [`hipblaslt`]) and
+//! the HIP and hipBLASLt constants ([`consts`]). Storage, kernels and GEMMs
 //! are not built yet. Opening a ROCm device therefore always ends in one
 //! line, and that line says which of the three cases it is: the libraries
 //! are missing (naming what was looked for and where), no AMD GPU is present
@@ -11,9 +11,43 @@
 //! `hipblasLtCreate`, which exits the process without a GPU), or the backend
 //! cannot run on the GPU it found yet. Nothing here has run on AMD hardware.
 
+/// A table of a library's C entry points: a struct of typed symbols that
+/// `new` resolves (naming the first one missing) and `SYMBOLS`, their
+/// names in order. Each entry returns the library's status code (`int`).
+macro_rules! entry_points {
+    ($name:ident, $($field:ident = $symbol:literal: fn($($arg:ty),*);)+) => {
+        /// The entry points, borrowed from the loaded library.
+        pub struct $name<'l> {
+            $(
+                #[doc = concat!("`", $symbol, "`.")]
+                pub $field: ::libloading::Symbol<'l, unsafe extern "C" fn($($arg),*) -> ::std::ffi::c_int>,
+            )+
+        }
+
+        /// Every symbol this table resolves, in order.
+        pub const SYMBOLS: &[&str] = &[$($symbol),+];
+
+        impl<'l> $name<'l> {
+            /// Resolves every entry point of `lib` (loaded from `path`), or
+            /// names the first one it lacks.
+            pub fn new(lib: &'l ::libloading::Library, path: &str) -> Result<$name<'l>, String> {
+                Ok($name {
+                    $(
+                        // SAFETY: the field's type is the symbol's C signature.
+                        $field: unsafe { lib.get(concat!($symbol, "\0").as_bytes()) }
+                            .map_err(|_| format!("{path} has no {}", $symbol))?,
+                    )+
+                })
+            }
+        }
+    };
+}
+pub(crate) use entry_points;
+
 pub mod consts;
 pub mod gemm_path;
 pub mod hip;
+pub mod hipblaslt;
 pub mod hiprtc;
 
 use std::path::PathBuf;
@@ -60,8 +94,8 @@ pub struct Libraries {
     /// The file of each library, in the order HIP runtime, hiprtc, hipBLASLt.
     pub paths: Vec<String>,
     hiprtc: Library,
-    // Kept loaded for the GEMMs the backend will run.
-    _hipblaslt: Library,
+    /// hipBLASLt ([`hipblaslt::HipBlasLt`] resolves its entry points).
+    pub hipblaslt: Library,
 }
 
 /// The first of `w`'s names that loads: from the search directories, then
@@ -111,7 +145,7 @@ pub fn load() -> Result<Libraries, String> {
         hip,
         paths: vec![p0, p1, p2],
         hiprtc,
-        _hipblaslt: hipblaslt,
+        hipblaslt,
     })
 }
 
