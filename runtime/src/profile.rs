@@ -111,6 +111,12 @@ pub fn host_scope(name: &'static str) -> Option<HostScope> {
     })
 }
 
+/// `f()`, its wall time added to the host part `name` ([`host_scope`]).
+pub fn timed<T>(name: &'static str, f: impl FnOnce() -> T) -> T {
+    let _part = host_scope(name);
+    f()
+}
+
 fn host_totals() -> &'static Mutex<HashMap<&'static str, (u64, f64)>> {
     static T: OnceLock<Mutex<HashMap<&'static str, (u64, f64)>>> = OnceLock::new();
     T.get_or_init(|| Mutex::new(HashMap::new()))

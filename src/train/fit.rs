@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use mxswitch_runtime::module::Parameters;
 use mxswitch_runtime::optim::{clip_grad_factor, optimizer_step_scaled, AdamW};
 use mxswitch_runtime::plan::{apply_schedule, check_schedule, Plan, PrecisionModel};
+use mxswitch_runtime::profile::timed;
 use mxswitch_runtime::schedule::Schedule;
 use mxswitch_runtime::warmup::warmup;
 use mxswitch_runtime::{Device, Error, Result, Tensor};
@@ -292,9 +293,9 @@ impl Fit {
                     iteration: iter,
                     warmup: false,
                 };
-                let part = mxswitch_runtime::profile::host_scope("step (all of it)");
-                let (loss, per_element) = train_step(model, opt, &mut step, at, clip, hint)?;
-                drop(part);
+                let (loss, per_element) = timed("step (all of it)", || {
+                    train_step(model, opt, &mut step, at, clip, hint)
+                })?;
                 let step_time_ms = t0.elapsed().as_secs_f64() * 1e3;
                 if iter == start {
                     mxswitch_runtime::profile::reset();
@@ -353,35 +354,27 @@ where
     M: Parameters,
     S: FnMut(&mut M, Step) -> Result<Tensor>,
 {
-    use mxswitch_runtime::profile::host_scope;
-    let part = host_scope("step: forward");
-    let loss = step(model, at)?;
+    let loss = timed("step: forward", || step(model, at))?;
     let saved = loss.saved_bytes();
-    drop(part);
-    let part = host_scope("step: loss read back");
-    let loss_value = loss.to_scalar_f32()?;
-    drop(part);
+    let loss_value = timed("step: loss read back", || loss.to_scalar_f32())?;
     if !loss_value.is_finite() {
         return Err(Error::Training(format!(
             "loss is {loss_value} at iteration {}: training diverged; {hint}",
             at.iteration
         )));
     }
-    let part = host_scope("step: backward");
-    let grads = loss.backward()?;
+    let grads = timed("step: backward", || loss.backward())?;
     drop(loss);
-    drop(part);
-    let part = host_scope("step: clip and AdamW");
-    // The clip factor goes into the AdamW step, which scales each gradient
-    // element as it reads it: the bits of clip_grad_norm then
-    // optimizer_step, without a pass that rewrites every gradient.
-    let grad_mul = match clip_norm {
-        Some(max_norm) => clip_grad_factor(&grads, max_norm)?.1,
-        None => None,
-    };
-    optimizer_step_scaled(model, opt, &grads, grad_mul)?;
-    drop(grads);
-    drop(part);
+    timed("step: clip and AdamW", || {
+        // The clip factor goes into the AdamW step, which scales each
+        // gradient element as it reads it: the bits of clip_grad_norm then
+        // optimizer_step, without a pass that rewrites every gradient.
+        let grad_mul = match clip_norm {
+            Some(max_norm) => clip_grad_factor(&grads, max_norm)?.1,
+            None => None,
+        };
+        optimizer_step_scaled(model, opt, &grads, grad_mul)
+    })?;
     Ok((loss_value, saved.per_element()))
 }
 

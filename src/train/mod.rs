@@ -165,9 +165,8 @@ fn params_to_device(model: &mut Flux, device: &Device) -> Result<()> {
 /// The loss of one Flux step on the host `batch`: rectified flow's MSE in
 /// f32, on `device`.
 fn flux_loss(model: &mut Flux, batch: Batch, device: &Device) -> Result<Tensor> {
-    let part = mxswitch_runtime::profile::host_scope("step: batch to device");
-    let batch = batch.to_device(device)?;
-    drop(part);
+    let batch =
+        mxswitch_runtime::profile::timed("step: batch to device", || batch.to_device(device))?;
     // Guidance-distilled configs (Flux.1-dev) get a constant strength of 1.
     let guidance = vec![1.0; batch.timesteps.len()];
     let pred = model.forward(&FluxInput {
