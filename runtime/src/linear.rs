@@ -122,8 +122,8 @@ fn check_input(params: &LinearParams, path: &str, x: &Tensor) -> Result<()> {
 /// recipe: BF16 operands, f32 accumulation, the f32 bias added before the
 /// one rounding), on the tape: [`crate::module::Dense`] with BF16
 /// activations. Its saved input is not one of the plan's saved bytes.
-pub(crate) fn bf16_linear(params: &LinearParams, path: &str, x: &Tensor) -> Result<Tensor> {
-    let recipe = Recipe::new(crate::recipe::RecipeKind::Bf16);
+pub(crate) fn bf16_linear(params: &LinearParams, x: &Tensor) -> Result<Tensor> {
+    let (recipe, path) = (Recipe::new(crate::recipe::RecipeKind::Bf16), params.path());
     let weight = params.weight.as_ref().ok_or_else(|| Error::NotAllocated {
         what: params.describe("linear"),
     })?;

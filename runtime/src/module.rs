@@ -283,6 +283,11 @@ impl LinearParams {
         Init::Uniform(1.0 / (self.in_features as f32).sqrt())
     }
 
+    /// The layer's path (empty until a parameter walk has named it).
+    pub(crate) fn path(&self) -> &str {
+        &self.path
+    }
+
     /// The layer in messages, as a `kind` ("linear"): ``linear `img_in` ``
     /// once a walk named it, else `a linear (16 -> 64 features)`.
     pub fn describe(&self, kind: &str) -> String {
@@ -351,7 +356,7 @@ impl Dense {
     /// rounding), as PyTorch's autocast runs a linear.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if x.dtype() == crate::DType::BF16 {
-            return crate::linear::bf16_linear(&self.params, &self.params.path, x);
+            return crate::linear::bf16_linear(&self.params, x);
         }
         let w = self
             .params

@@ -7,7 +7,7 @@
 //! each operation. [`report`] prints the totals, largest first; `mxswitch
 //! train` resets them after its first step, whose kernel compilations would
 //! otherwise dominate. The training loop also times the host parts of each
-//! step ([`host_scope`]: batch upload, forward, loss read back, backward,
+//! step ([`timed`]: batch upload, forward, loss read back, backward,
 //! clipping and AdamW); `MXSWITCH_PROFILE=host` times only those, without
 //! waiting for the device, so the step runs as it does unprofiled and the
 //! parts that wait show where the host stalls.
@@ -93,43 +93,27 @@ fn timed_device() -> &'static Mutex<Option<Device>> {
     D.get_or_init(|| Mutex::new(None))
 }
 
-/// Wall time of one part of a training step on the host, until dropped;
-/// a no-op unless profiling. Unlike [`scope`] it does not wait for the
-/// device, so what it shows is where the host spends the step: a part
-/// that waits (a loss read back, a synchronous copy) shows the device's
-/// work before it.
-pub struct HostScope {
-    name: &'static str,
-    t0: Instant,
-}
-
-/// Starts timing the host part `name` of a step.
-pub fn host_scope(name: &'static str) -> Option<HostScope> {
-    enabled().then(|| HostScope {
-        name,
-        t0: Instant::now(),
-    })
-}
-
-/// `f()`, its wall time added to the host part `name` ([`host_scope`]).
+/// `f()`, its wall time added to the host part `name` of a training step; no
+/// timing unless profiling. Unlike [`scope`] it does not wait for the device,
+/// so what it shows is where the host spends the step: a part that waits (a
+/// loss read back, a synchronous copy) shows the device's work before it.
 pub fn timed<T>(name: &'static str, f: impl FnOnce() -> T) -> T {
-    let _part = host_scope(name);
-    f()
+    if !enabled() {
+        return f();
+    }
+    let t0 = Instant::now();
+    let out = f();
+    let dt = t0.elapsed().as_secs_f64();
+    let mut t = host_totals().lock().unwrap_or_else(|p| p.into_inner());
+    let e = t.entry(name).or_insert((0, 0.0));
+    e.0 += 1;
+    e.1 += dt;
+    out
 }
 
 fn host_totals() -> &'static Mutex<HashMap<&'static str, (u64, f64)>> {
     static T: OnceLock<Mutex<HashMap<&'static str, (u64, f64)>>> = OnceLock::new();
     T.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-impl Drop for HostScope {
-    fn drop(&mut self) {
-        let dt = self.t0.elapsed().as_secs_f64();
-        let mut t = host_totals().lock().unwrap_or_else(|p| p.into_inner());
-        let e = t.entry(self.name).or_insert((0, 0.0));
-        e.0 += 1;
-        e.1 += dt;
-    }
 }
 
 /// The operation during which the allocator's peak was last raised, and that peak.

@@ -57,14 +57,6 @@ impl Platform {
             ),
         }
     }
-
-    /// Short lowercase name (`cuda`, `hip`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Platform::Cuda => "cuda",
-            Platform::Hip => "hip",
-        }
-    }
 }
 
 /// The [`KernelSource`] of `runtime/kernels/<file>`, embedded in the binary

@@ -44,17 +44,3 @@ super::entry_points! {
         *mut *mut c_void, *mut *mut c_void
     );
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_table_names_each_symbol_once() {
-        let mut s = SYMBOLS.to_vec();
-        s.sort();
-        s.dedup();
-        assert_eq!(s.len(), SYMBOLS.len());
-        assert!(SYMBOLS.iter().all(|n| n.starts_with("hip")));
-    }
-}

@@ -211,6 +211,18 @@ pub fn unavailable(ordinal: usize) -> String {
 mod tests {
     use super::*;
 
+    /// Each entry-point table names every symbol once, all of its library.
+    #[test]
+    fn the_entry_point_tables_name_each_symbol_once() {
+        for (symbols, prefix) in [(hip::SYMBOLS, "hip"), (hipblaslt::SYMBOLS, "hipblasLt")] {
+            let mut s = symbols.to_vec();
+            s.sort();
+            s.dedup();
+            assert_eq!(s.len(), symbols.len(), "{prefix}");
+            assert!(symbols.iter().all(|n| n.starts_with(prefix)), "{prefix}");
+        }
+    }
+
     /// This machine has no AMD GPU: the probe ends in one of the two
     /// no-GPU lines, never a panic, and names what it looked for.
     #[test]

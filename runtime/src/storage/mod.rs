@@ -71,15 +71,15 @@ impl Storage {
     pub(crate) fn from_cpu(data: CpuStorage, device: &Device) -> Result<Storage> {
         match device {
             Device::Cpu => Ok(Storage::Cpu(CpuDevice.storage_from_cpu(data)?)),
-            Device::Cuda(i) => Ok(Storage::Cuda(CudaDevice::get(*i)?.storage_from_cpu(data)?)),
-            _ => Err(unavailable(device)),
+            // Elsewhere the backend copies from the host buffer anyway.
+            _ => Storage::from_host(&data, device),
         }
     }
 
     /// A copy of the host `data` on `device` (a CPU copy on the CPU).
     pub(crate) fn from_host(data: &CpuStorage, device: &Device) -> Result<Storage> {
         match device {
-            Device::Cpu => Ok(Storage::Cpu(data.clone())),
+            Device::Cpu => Ok(Storage::Cpu(CpuDevice.storage_from_host(data)?)),
             Device::Cuda(i) => Ok(Storage::Cuda(CudaDevice::get(*i)?.storage_from_host(data)?)),
             _ => Err(unavailable(device)),
         }
