@@ -15,16 +15,21 @@
 // Two families, one math:
 //   attn_{fwd,dq,dkdv}_mma_d{D}: BF16 on tensor cores, d = dv = D. A CTA
 //     is 4 warps; each warp owns 16 rows (query rows in the forward and dq
-//     pass, key rows in the dk/dv pass) and steps over 64 columns at a time.
+//     pass, key rows in the dk/dv pass; 32 in the forward at D = 128) and
+//     steps over 64 columns at a time (32 in the backward and in the
+//     forward at D = 128).
 //     Operands go global -> shared by async copies into tiles whose rows are
 //     padded by 8 elements (so the 8 rows of an ldmatrix phase fall in 8
 //     different bank groups), shared -> registers by ldmatrix, and scores
 //     stay in MMA accumulators: a pair of m16n8 C fragments is the m16k16 A
 //     fragment of the next product (P V, dS K, ...), so P and dS never go
-//     to memory. Scores are taken to base 2 (exp2 of t log2 e), one multiply
-//     before each exponent. The mma, ldmatrix, async-copy and quad-reduction
-//     primitives come from the shim prepended to this file
-//     (attention_mma_cuda.cuh on CUDA).
+//     to memory. Scores are taken to base 2: p = exp2_approx(t log2 e - m),
+//     one fused multiply-add and the hardware's exp2 a probability; only a
+//     ragged last block masks keys. The tile loops are issue-bound (ncu:
+//     about half the issue slots busy, the integer pipe the busiest), so
+//     instructions per score are what these choices save. The mma,
+//     ldmatrix, async-copy, quad-reduction, exp2 and vote primitives come
+//     from the shim prepended to this file (attention_mma_cuda.cuh on CUDA).
 //   attn_{fwd,dq,dkdv}_{f32,bf16}_t{T}: any d, dv <= 256 (T = 32 when both
 //     are <= 128, else 16), f32 FMA on tiles of T rows held in shared memory
 //     as f32; exponents are expf of the CPU's differences.
@@ -34,6 +39,9 @@
 
 #define ATTN_LOG2E 1.4426950408889634f
 #define ATTN_LN2 0.6931471805599453f
+// How far (base 2) a row's block maximum may pass the forward's running max
+// before the accumulators are rescaled to it: p stays below 2^8.
+#define RESCALE_LOG2 8.0f
 
 extern __shared__ Vec16 attn_smem[];
 
@@ -112,43 +120,71 @@ __device__ __forceinline__ void mma_abt_frags(float acc[][4], const u32 af[][4],
     }
 }
 
-// acc[NT][4] += A B^T summed over k < W: A = the 16 rows of tile a from row
-// r0, B = the NT * 8 rows of tile b (both of row stride W + 8).
-template <int W, int NT>
-__device__ __forceinline__ void mma_abt(float acc[][4], const u16* a, int r0, const u16* b) {
+// acc[MT][NT][4] += A B^T summed over k < W: A = MT blocks of 16 rows of
+// tile a from row r0, B = the NT * 8 rows of tile b (both of row stride
+// W + 8). Each B fragment serves all MT row blocks: with MT = 2 a warp
+// reads half the shared memory per MMA that MT = 1 does.
+template <int W, int NT, int MT>
+__device__ __forceinline__ void mma_abt_mt(float acc[][NT][4], const u16* a, int r0, const u16* b) {
 #pragma unroll
     for (int kk = 0; kk < W / 16; ++kk) {
-        u32 af[1][4];
-        ldmatrix_x4(af[0], a + ldm_a<W + 8>(r0, kk * 16));
+        u32 af[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(af[mt], a + ldm_a<W + 8>(r0 + 16 * mt, kk * 16));
 #pragma unroll
         for (int np = 0; np < NT / 2; ++np) {
             u32 bf[4];
             ldmatrix_x4(bf, b + ldm_b<W + 8>(np * 16, kk * 16));
-            mma_bf16_16x8x16(acc[2 * np], af[0], bf);
-            mma_bf16_16x8x16(acc[2 * np + 1], af[0], bf + 2);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma_bf16_16x8x16(acc[mt][2 * np], af[mt], bf);
+                mma_bf16_16x8x16(acc[mt][2 * np + 1], af[mt], bf + 2);
+            }
         }
     }
 }
 
-// acc[W / 8][4] += P B: P = a warp's 16 x 16 NK values held as 2 NK C
-// fragments (f32, rounded to bf16 here), B = the first 16 NK rows of tile b
-// stored k x n (n = W, row stride W + 8), read transposed.
-template <int NK, int W>
-__device__ __forceinline__ void mma_pb(float acc[][4], const float p[][4], const u16* b) {
+// mma_abt_mt for one block of 16 rows.
+template <int W, int NT>
+__device__ __forceinline__ void mma_abt(float acc[][4], const u16* a, int r0, const u16* b) {
+    mma_abt_mt<W, NT, 1>((float(*)[NT][4])acc, a, r0, b);
+}
+
+// acc[MT][W / 8][4] += P B: P = MT blocks of a warp's 16 x 16 NK values,
+// each held as 2 NK C fragments (f32, rounded to bf16 here), B = the first
+// 16 NK rows of tile b stored k x n (n = W, row stride W + 8), read
+// transposed; each B fragment serves all MT blocks.
+template <int NK, int W, int MT>
+__device__ __forceinline__ void mma_pb_mt(float acc[][W / 8][4], const float p[][2 * NK][4], const u16* b) {
 #pragma unroll
     for (int kk = 0; kk < NK; ++kk) {
         // C fragments 2 kk and 2 kk + 1 are the A fragment of k-step kk.
-        const u32 af[4] = {pack_bf16x2(p[2 * kk][0], p[2 * kk][1]), pack_bf16x2(p[2 * kk][2], p[2 * kk][3]),
-                           pack_bf16x2(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                           pack_bf16x2(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+        u32 af[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            const float(*c)[4] = p[mt] + 2 * kk;
+            af[mt][0] = pack_bf16x2(c[0][0], c[0][1]);
+            af[mt][1] = pack_bf16x2(c[0][2], c[0][3]);
+            af[mt][2] = pack_bf16x2(c[1][0], c[1][1]);
+            af[mt][3] = pack_bf16x2(c[1][2], c[1][3]);
+        }
 #pragma unroll
         for (int np = 0; np < W / 16; ++np) {
             u32 bf[4];
             ldmatrix_x4_trans(bf, b + ldm_a<W + 8>(kk * 16, np * 16));
-            mma_bf16_16x8x16(acc[2 * np], af, bf);
-            mma_bf16_16x8x16(acc[2 * np + 1], af, bf + 2);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                mma_bf16_16x8x16(acc[mt][2 * np], af[mt], bf);
+                mma_bf16_16x8x16(acc[mt][2 * np + 1], af[mt], bf + 2);
+            }
         }
     }
+}
+
+// mma_pb_mt for one block of 16 rows.
+template <int NK, int W>
+__device__ __forceinline__ void mma_pb(float acc[][4], const float p[][4], const u16* b) {
+    mma_pb_mt<NK, W, 1>((float(*)[W / 8][4])acc, (const float(*)[2 * NK][4])p, b);
 }
 
 template <int N>
@@ -170,106 +206,149 @@ __device__ __forceinline__ void store_frags(u16* out, const float acc[][4], int 
     }
 }
 
-// Forward: one CTA per 64 query rows, over every key block. Shared: the K
-// and V tiles [64][D + 8] (2 x 64 (D + 8) bf16); the Q tile is staged in
-// the same space first, each warp keeping its 16 rows of Q in registers as
-// A fragments. V's copy overlaps the scores, the next K's overlaps P V.
-template <int D>
+// Forward: one CTA per 64 MT query rows, over every key block; each warp
+// owns MT blocks of 16 rows. Shared: the K and V tiles [64][D + 8]. With
+// MT = 1 the Q tile is staged in the same space first and each warp keeps
+// its 16 rows of Q in registers as A fragments; with MT = 2 (D = 128, where
+// those registers go to the second block's accumulators) the Q tile
+// [128][D + 8] stays in shared memory after V. V's copy overlaps the
+// scores, the next K's overlaps P V.
+template <int D, int MT, int BN>
 __device__ __forceinline__ void attn_fwd_mma(const u16* q, const u16* k, const u16* v, u16* o, float* lse, int L,
                                              int S, float scale) {
-    constexpr int ST = D + 8, NT = MMA_COLS / 8;
+    constexpr int ST = D + 8, NT = BN / 8, ROWS = MMA_ROWS * MT;
+    constexpr bool Q_REGS = MT == 1;
     u16* sK = (u16*)attn_smem;
-    u16* sV = sK + MMA_COLS * ST;
-    u16* sQ = sK;
+    u16* sV = sK + BN * ST;
+    u16* sQ = Q_REGS ? sK : sV + BN * ST;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = lane & 3;
-    const int tiles = (L + MMA_ROWS - 1) / MMA_ROWS;
+    const int tiles = (L + ROWS - 1) / ROWS;
     const u64 head = blockIdx.x / tiles;
-    const int q0 = (blockIdx.x % tiles) * MMA_ROWS;
+    const int q0 = (blockIdx.x % tiles) * ROWS;
+    const int r0 = warp * 16 * MT;  // this warp's first row in the tile
     q += head * L * D;
     k += head * S * D;
     v += head * S * D;
     o += head * L * D;
     lse += head * L;
 
-    tile_load<D>(sQ, q, q0, MMA_ROWS, L);
+    tile_load<D>(sQ, q, q0, ROWS, L);
     async_commit();
     async_wait_all();
     __syncthreads();
-    u32 qf[D / 16][4];
+    u32 qf[Q_REGS ? D / 16 : 1][4];
+    if (Q_REGS) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[kk], sQ + ldm_a<ST>(warp * 16, kk * 16));
-    __syncthreads();  // K and V overwrite the Q tile
-    tile_load<D>(sK, k, 0, MMA_COLS, S);
+        for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[kk], sQ + ldm_a<ST>(r0, kk * 16));
+        __syncthreads();  // K and V overwrite the Q tile
+    }
+    tile_load<D>(sK, k, 0, BN, S);
     async_commit();
 
-    float acc[D / 8][4];
-    zero_frags<D / 8>(acc);
-    // Rows g and g + 8 of this warp: running max (base 2) and this lane's
+    float acc[MT][D / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) zero_frags<D / 8>(acc[mt]);
+    // Rows g and g + 8 of each block: running max (base 2) and this lane's
     // part of the running sum (the quad's parts are added at the end).
-    float m0 = neg_inf(), m1 = neg_inf(), l0 = 0.0f, l1 = 0.0f;
+    float m[MT][2], l[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = neg_inf(), l[mt][0] = l[mt][1] = 0.0f;
     const float c = scale * ATTN_LOG2E;
-    const int blocks = (S + MMA_COLS - 1) / MMA_COLS;
+    const int blocks = (S + BN - 1) / BN;
     async_wait_all();
     __syncthreads();
     for (int kb = 0; kb < blocks; ++kb) {
-        const int k0 = kb * MMA_COLS;
-        tile_load<D>(sV, v, k0, MMA_COLS, S);
+        const int k0 = kb * BN;
+        tile_load<D>(sV, v, k0, BN, S);
         async_commit();
-        float s[NT][4];
-        zero_frags<NT>(s);
-        mma_abt_frags<D, NT>(s, qf, sK);
-        // t log2 e; keys at or past S drop out.
+        float s[MT][NT][4];
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[j][e] = k0 + j * 8 + 2 * t + (e & 1) < S ? s[j][e] * c : neg_inf();
+        for (int mt = 0; mt < MT; ++mt) zero_frags<NT>(s[mt]);
+        if (Q_REGS) {
+            mma_abt_frags<D, NT>(s[0], qf, sK);
+        } else {
+            mma_abt_mt<D, NT, MT>(s, sQ, r0, sK);
         }
-        float mx0 = m0, mx1 = m1;
+        // Keys at or past S drop out (only the last block has any).
+        if (k0 + BN > S) {
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+            for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        if (k0 + j * 8 + 2 * t + (e & 1) >= S) s[mt][j][e] = neg_inf();
+                }
+            }
         }
-        mx0 = quad_max(mx0);
-        mx1 = quad_max(mx1);
-        // The first block has a key, so mx is finite and corr of -inf is 0.
-        const float corr0 = exp2f(m0 - mx0), corr1 = exp2f(m1 - mx1);
-        m0 = mx0;
-        m1 = mx1;
-        float r0 = 0.0f, r1 = 0.0f;
+        // Block maxima in base-2 units (c > 0 and rounding are monotonic, so
+        // c max(t) = max(c t)). The running max only moves when some row of
+        // the warp gains more than RESCALE_LOG2 on it (always in the first
+        // block, where it is -inf); otherwise p = 2^(t c - m) stays at most
+        // 2^RESCALE_LOG2 and acc and l keep their scale. Either way o and
+        // lse, taken against the same m, are exact.
+        float bm[MT][2];
+        bool grow = false;
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            s[j][0] = exp2f(s[j][0] - mx0);
-            s[j][1] = exp2f(s[j][1] - mx0);
-            s[j][2] = exp2f(s[j][2] - mx1);
-            s[j][3] = exp2f(s[j][3] - mx1);
-            r0 += s[j][0] + s[j][1];
-            r1 += s[j][2] + s[j][3];
+        for (int mt = 0; mt < MT; ++mt) {
+            float mx0 = neg_inf(), mx1 = neg_inf();
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                mx0 = fmaxf(mx0, fmaxf(s[mt][j][0], s[mt][j][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[mt][j][2], s[mt][j][3]));
+            }
+            bm[mt][0] = quad_max(mx0) * c;
+            bm[mt][1] = quad_max(mx1) * c;
+            grow |= bm[mt][0] > m[mt][0] + RESCALE_LOG2 || bm[mt][1] > m[mt][1] + RESCALE_LOG2;
         }
-        l0 = l0 * corr0 + r0;
-        l1 = l1 * corr1 + r1;
+        if (warp_any(grow)) {
 #pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-            acc[j][0] *= corr0;
-            acc[j][1] *= corr0;
-            acc[j][2] *= corr1;
-            acc[j][3] *= corr1;
+            for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    // The first block has a key, so bm is finite and 2^(-inf - bm) = 0.
+                    const float mn = fmaxf(m[mt][h], bm[mt][h]);
+                    const float corr = mn == m[mt][h] ? 1.0f : exp2_approx(m[mt][h] - mn);
+                    m[mt][h] = mn;
+                    l[mt][h] *= corr;
+#pragma unroll
+                    for (int j = 0; j < D / 8; ++j) {
+                        acc[mt][j][2 * h] *= corr;
+                        acc[mt][j][2 * h + 1] *= corr;
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            const float n0 = -m[mt][0], n1 = -m[mt][1];
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                s[mt][j][0] = exp2_approx(fmaf(s[mt][j][0], c, n0));
+                s[mt][j][1] = exp2_approx(fmaf(s[mt][j][1], c, n0));
+                s[mt][j][2] = exp2_approx(fmaf(s[mt][j][2], c, n1));
+                s[mt][j][3] = exp2_approx(fmaf(s[mt][j][3], c, n1));
+                l[mt][0] += s[mt][j][0] + s[mt][j][1];
+                l[mt][1] += s[mt][j][2] + s[mt][j][3];
+            }
         }
         async_wait_all();
         __syncthreads();  // V is in; every warp is done with K
-        if (kb + 1 < blocks) tile_load<D>(sK, k, k0 + MMA_COLS, MMA_COLS, S);
+        if (kb + 1 < blocks) tile_load<D>(sK, k, k0 + BN, BN, S);
         async_commit();
-        mma_pb<MMA_COLS / 16, D>(acc, s, sV);
+        mma_pb_mt<BN / 16, D, MT>(acc, s, sV);
         async_wait_all();
         __syncthreads();  // the next K is in; every warp is done with V
     }
-    l0 = quad_sum(l0);
-    l1 = quad_sum(l1);
-    const int row0 = q0 + warp * 16 + (lane >> 2);
-    store_frags<D>(o, acc, row0, L, 1.0f / l0, 1.0f / l1);
-    if (t == 0) {
-        if (row0 < L) lse[row0] = (m0 + log2f(l0)) * ATTN_LN2;
-        if (row0 + 8 < L) lse[row0 + 8] = (m1 + log2f(l1)) * ATTN_LN2;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        const float l0 = quad_sum(l[mt][0]), l1 = quad_sum(l[mt][1]);
+        const int row0 = q0 + r0 + 16 * mt + (lane >> 2);
+        store_frags<D>(o, acc[mt], row0, L, 1.0f / l0, 1.0f / l1);
+        if (t == 0) {
+            if (row0 < L) lse[row0] = (m[mt][0] + log2f(l0)) * ATTN_LN2;
+            if (row0 + 8 < L) lse[row0 + 8] = (m[mt][1] + log2f(l1)) * ATTN_LN2;
+        }
     }
 }
 
@@ -337,14 +416,22 @@ __device__ __forceinline__ void attn_dq_mma(const u16* q, const u16* k, const u1
         zero_frags<NT>(dp);
         mma_abt_frags<D, NT>(s, qf, cK);
         mma_abt_frags<D, NT>(dp, gf, cV);
-        // ds = p (dp - D), p = 0 for keys at or past S.
+        // ds = p (dp - D), p = 0 for keys at or past S (only the last block
+        // has any: their t = -inf).
+        if (k0 + BN > S) {
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (k0 + j * 8 + 2 * t + (e & 1) >= S) s[j][e] = neg_inf();
+            }
+        }
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const float lr = e < 2 ? lse0 : lse1, dr = e < 2 ? d0 : d1;
-                const float p = k0 + j * 8 + 2 * t + (e & 1) < S ? exp2f(fmaf(s[j][e], c, -lr)) : 0.0f;
-                s[j][e] = p * (dp[j][e] - dr);
+                const float nl = e < 2 ? -lse0 : -lse1, dr = e < 2 ? d0 : d1;
+                s[j][e] = exp2_approx(fmaf(s[j][e], c, nl)) * (dp[j][e] - dr);
             }
         }
         mma_pb<BN / 16, D>(acc, s, cK);  // dq += ds k
@@ -432,10 +519,10 @@ __device__ __forceinline__ void attn_dkdv_mma(const u16* q, const u16* k, const 
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             const float la = cL[8 * j + 2 * t], lb = cL[8 * j + 2 * t + 1];
-            s[j][0] = exp2f(fmaf(s[j][0], c, -la));
-            s[j][1] = exp2f(fmaf(s[j][1], c, -lb));
-            s[j][2] = exp2f(fmaf(s[j][2], c, -la));
-            s[j][3] = exp2f(fmaf(s[j][3], c, -lb));
+            s[j][0] = exp2_approx(fmaf(s[j][0], c, -la));
+            s[j][1] = exp2_approx(fmaf(s[j][1], c, -lb));
+            s[j][2] = exp2_approx(fmaf(s[j][2], c, -la));
+            s[j][3] = exp2_approx(fmaf(s[j][3], c, -lb));
         }
         mma_pb<BN / 16, D>(adv, s, cdO);  // dv += p^T dO
         float dp[NT][4];
@@ -462,10 +549,12 @@ __device__ __forceinline__ void attn_dkdv_mma(const u16* q, const u16* k, const 
     store_frags<D>(dv, adv, row0, S, 1.0f, 1.0f);
 }
 
-#define ATTN_MMA_KERNELS(D)                                                                                           \
-    extern "C" __global__ void __launch_bounds__(MMA_THREADS, 3)                                                      \
+// FWD_MT: blocks of 16 query rows per warp in the forward (FWD_M_TILES in
+// cuda/attention.rs); three CTAs an SM with one, two with two.
+#define ATTN_MMA_KERNELS(D, FWD_MT)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(MMA_THREADS, FWD_MT == 1 ? 3 : 2)                                    \
         attn_fwd_mma_d##D(const u16* q, const u16* k, const u16* v, u16* o, float* lse, int L, int S, float scale) {  \
-        attn_fwd_mma<D>(q, k, v, o, lse, L, S, scale);                                                                \
+        attn_fwd_mma<D, FWD_MT, 64 / FWD_MT>(q, k, v, o, lse, L, S, scale);                                              \
     }                                                                                                                 \
     extern "C" __global__ void __launch_bounds__(MMA_THREADS)                                                         \
         attn_dq_mma_d##D(const u16* q, const u16* k, const u16* v, const u16* d_o, const float* lse,                  \
@@ -478,21 +567,38 @@ __device__ __forceinline__ void attn_dkdv_mma(const u16* q, const u16* k, const 
         attn_dkdv_mma<D, DKDV_BN>(q, k, v, d_o, lse, dsum, dk, dv, L, S, scale);                                     \
     }
 
-ATTN_MMA_KERNELS(32)
-ATTN_MMA_KERNELS(64)
-ATTN_MMA_KERNELS(128)
+ATTN_MMA_KERNELS(32, 1)
+ATTN_MMA_KERNELS(64, 1)
+ATTN_MMA_KERNELS(128, 2)
 
 // ---------------------------------------------------------------------------
 // D = rowsum(dO * o), f32, summed in order along the row like the CPU
-// (--fmad=false keeps each product rounded). One thread per row.
+// (--fmad=false keeps each product rounded). A block of DSUM_WARPS warps
+// takes 32 rows a warp. For each 32 columns the warp's lanes read the rows'
+// products coalesced (lane j: column j of each row) into the warp's shared
+// tile; then lane i adds row i's products in column order.
+
+#define DSUM_WARPS 8
 
 template <class In>
 __device__ __forceinline__ void attn_dsum(const void* o, const void* d_o, float* dsum, u64 rows, int dv) {
-    const u64 r = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= rows) return;
+    __shared__ float tiles[DSUM_WARPS][32][33];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float(*tile)[33] = tiles[warp];
+    const u64 r0 = ((u64)blockIdx.x * DSUM_WARPS + warp) * 32;
     float acc = 0.0f;
-    for (int j = 0; j < dv; ++j) acc += In::load(o, r * dv + j) * In::load(d_o, r * dv + j);
-    dsum[r] = acc;
+    for (int c0 = 0; c0 < dv; c0 += 32) {
+        const int c = c0 + lane;
+        for (int i = 0; i < 32; ++i) {
+            const u64 r = r0 + i;
+            if (r < rows && c < dv) tile[i][lane] = In::load(o, r * dv + c) * In::load(d_o, r * dv + c);
+        }
+        sync_warp();
+        const int n = dv - c0 < 32 ? dv - c0 : 32;
+        for (int j = 0; j < n; ++j) acc += tile[lane][j];
+        sync_warp();  // the tile is refilled next
+    }
+    if (r0 + lane < rows) dsum[r0 + lane] = acc;
 }
 
 extern "C" __global__ void attn_dsum_f32(const void* o, const void* d_o, float* dsum, u64 rows, int dv) {

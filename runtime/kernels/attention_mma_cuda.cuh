@@ -84,3 +84,16 @@ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
+
+// 2^x by the hardware's approximation (ex2.approx.ftz: relative error about
+// 2^-22, subnormal results flushed to zero), one instruction where exp2f
+// with subnormals kept takes several; exp2_approx(-inf) = 0. Every
+// probability's exponent: they are rounded to bf16 as MMA inputs anyway.
+__device__ __forceinline__ float exp2_approx(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+    return r;
+}
+
+// Whether `p` holds in any lane of the warp; all 32 lanes call it together.
+__device__ __forceinline__ bool warp_any(bool p) { return __any_sync(0xFFFFFFFFu, p); }

@@ -21,7 +21,8 @@
 // function together.
 //
 // Numerics against the CUDA build: quad_max, quad_sum and pack_bf16x2 give
-// the same bits. The MMA does not in general: each bf16 x bf16 product is
+// the same bits; exp2_approx is the device library's exp2f, not CUDA's
+// ex2.approx. The MMA does not in general: each bf16 x bf16 product is
 // exact in f32, but the 16 products are added here in k order in f32 and
 // then added to d, while the tensor core's internal accumulation order and
 // precision are its own.
@@ -137,3 +138,11 @@ __device__ __forceinline__ u32 bf16_bits_rne(float x) {
 
 // Two f32 rounded to bf16 (nearest even), `lo` in the low half.
 __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) { return bf16_bits_rne(lo) | (bf16_bits_rne(hi) << 16); }
+
+// 2^x (CUDA: ex2.approx.ftz); here the device library's exp2f.
+__device__ __forceinline__ float exp2_approx(float x) { return exp2f(x); }
+
+// Whether `p` holds in any lane of the warp. __any votes over the whole
+// wavefront, both 32-lane warps of it: a superset of the warp's answer,
+// which is all the kernels ask of it (rescale when any row may need it).
+__device__ __forceinline__ bool warp_any(bool p) { return __any(p); }

@@ -6,7 +6,7 @@
 //! Paths, chosen per call from the dtype and the head widths:
 //! - **tensor cores**: BF16 with `d == dv` in {32, 64, 128} (Flux's 128 and
 //!   the small configs' 64). Four warps per CTA, 16 rows per warp, 64-row
-//!   tiles; `mma.sync` m16n8k16 (BF16 in, f32 accumulate) on operands that
+//!   tiles (the forward at 128: 32 rows per warp, 128-row tiles); `mma.sync` m16n8k16 (BF16 in, f32 accumulate) on operands that
 //!   async copies bring to padded shared tiles and `ldmatrix` to registers.
 //!   Probabilities and dS are rounded to BF16 as MMA inputs, as in
 //!   flash-attention; statistics and accumulators stay f32.
@@ -62,8 +62,13 @@ pub const ATTENTION_HIP: KernelSource = KernelSource {
 
 /// Widest `d` or `dv` the GPU kernels take.
 const MAX_WIDTH: usize = 256;
-/// Head widths of the tensor-core kernels (`ATTN_MMA_KERNELS` instances).
+/// Head widths of the tensor-core kernels (`ATTN_MMA_KERNELS` instances)
+/// and, in the same order, the blocks of 16 query rows each warp of their
+/// forward owns (the instances' FWD_MT): two at 128, where one warp reading
+/// its K and V fragments for 32 rows halves the shared-memory reads per
+/// MMA; the forward then steps over 64 / FWD_MT keys at a time.
 const MMA_WIDTHS: [usize; 3] = [32, 64, 128];
+const FWD_M_TILES: [usize; 3] = [1, 1, 2];
 /// Threads and rows of a tensor-core CTA (MMA_THREADS, MMA_ROWS).
 const MMA_THREADS: u32 = 128;
 const MMA_ROWS: usize = 64;
@@ -72,7 +77,8 @@ const MMA_ROWS: usize = 64;
 const MMA_COLS: usize = 64;
 const DQ_BN: usize = 32;
 const DKDV_BN: usize = 32;
-/// Threads of a scalar CTA (SC_THREADS) and of the D kernel.
+/// Threads of a scalar CTA (SC_THREADS) and of the D kernel (DSUM_WARPS
+/// warps of 32 rows: one row a thread).
 const SC_THREADS: u32 = 256;
 const DSUM_THREADS: u32 = 256;
 /// Dynamic shared memory a kernel may use without opting in.
@@ -138,24 +144,19 @@ impl Path {
 
     fn kernel(self, pass: Pass) -> &'static str {
         match self {
-            Path::Mma { width } => {
-                let i = MMA_WIDTHS
-                    .iter()
-                    .position(|&w| w == width)
-                    .expect("a tensor-core width");
-                MMA_NAMES[pass as usize][i]
-            }
+            Path::Mma { width } => MMA_NAMES[pass as usize][mma_index(width)],
             Path::Scalar { bf16, tile } => {
                 SC_NAMES[pass as usize][usize::from(bf16)][usize::from(tile == 16)]
             }
         }
     }
 
-    /// Rows of q (forward, dq) or k (dk/dv) one CTA owns.
-    fn rows(self) -> usize {
-        match self {
-            Path::Mma { .. } => MMA_ROWS,
-            Path::Scalar { tile, .. } => tile,
+    /// Rows of q (forward, dq) or k (dk/dv) one CTA of `pass` owns.
+    fn rows(self, pass: Pass) -> usize {
+        match (self, pass) {
+            (Path::Mma { width }, Pass::Forward) => MMA_ROWS * FWD_M_TILES[mma_index(width)],
+            (Path::Mma { .. }, _) => MMA_ROWS,
+            (Path::Scalar { tile, .. }, _) => tile,
         }
     }
 
@@ -173,9 +174,14 @@ impl Path {
             Path::Mma { width } => {
                 let row = 2 * (width + 8);
                 match pass {
-                    // K and V tiles [MMA_COLS]; the Q tile [MMA_ROWS] is
-                    // staged in the same space first, so it must fit there.
-                    Pass::Forward => (2 * MMA_COLS).max(MMA_ROWS) * row,
+                    // K and V tiles [MMA_COLS / FWD_MT]; with one block of
+                    // rows a warp, the Q tile [MMA_ROWS] is staged in the
+                    // same space first, so it must fit there; with two it
+                    // stays after them.
+                    Pass::Forward => match FWD_M_TILES[mma_index(width)] {
+                        1 => (2 * MMA_COLS).max(MMA_ROWS) * row,
+                        mt => (2 * MMA_COLS / mt + MMA_ROWS * mt) * row,
+                    },
                     Pass::Dq => (2 * MMA_ROWS + 4 * DQ_BN) * row,
                     Pass::Dkdv => (2 * MMA_ROWS + 4 * DKDV_BN) * row + 4 * DKDV_BN * 4,
                 }
@@ -203,6 +209,14 @@ impl Path {
             }
         }
     }
+}
+
+/// The position of a tensor-core width in [`MMA_WIDTHS`].
+fn mma_index(width: usize) -> usize {
+    MMA_WIDTHS
+        .iter()
+        .position(|&w| w == width)
+        .expect("a tensor-core width")
 }
 
 /// Launches `pass` of `path` over `ctas` CTAs; the arguments follow.
@@ -326,7 +340,7 @@ impl AttentionBackend for CudaStorage {
             int(sh.d, "d")?,
             int(sh.dv, "dv")?,
         );
-        let ctas = sh.heads * sh.l.div_ceil(path.rows());
+        let ctas = sh.heads * sh.l.div_ceil(path.rows(Pass::Forward));
         let ptrs = [q, k, v, &o, &lse].map(|t| t.buffer().ptr());
         let [pq, pk, pv, po, plse] = ptrs;
         // Every buffer holds the packed [heads, ..] operand the shape names
@@ -429,8 +443,8 @@ impl AttentionBackend for CudaStorage {
         };
         launch_kernel!(ctx, &ATTENTION, dsum_name, dsum_cfg, &po, &pdo, &pds, &rows, &dv)
             .map_err(backend_err)?;
-        let q_ctas = sh.heads * sh.l.div_ceil(path.rows());
-        let k_ctas = sh.heads * sh.s.div_ceil(path.rows());
+        let q_ctas = sh.heads * sh.l.div_ceil(path.rows(Pass::Dq));
+        let k_ctas = sh.heads * sh.s.div_ceil(path.rows(Pass::Dkdv));
         // Every buffer holds the packed operand the shape names (checked
         // above; the outputs were allocated for it).
         match path {
@@ -652,7 +666,12 @@ mod tests {
         }
         // The tensor-core numbers the kernels' comments give at D = 128.
         let p = Path::Mma { width: 128 };
-        assert_eq!(p.smem(Pass::Forward, 0, 0), 2 * 64 * 136 * 2);
+        assert_eq!(p.smem(Pass::Forward, 0, 0), (2 * 32 + 128) * 136 * 2);
+        assert_eq!(p.rows(Pass::Forward), 128);
+        assert_eq!(
+            Path::Mma { width: 64 }.smem(Pass::Forward, 0, 0),
+            2 * 64 * 72 * 2
+        );
         assert_eq!(p.smem(Pass::Dq, 0, 0), (128 + 4 * 32) * 136 * 2);
         assert_eq!(
             p.smem(Pass::Dkdv, 0, 0),
@@ -665,10 +684,10 @@ mod tests {
         let src = ATTENTION.body;
         for pass in [Pass::Forward, Pass::Dq, Pass::Dkdv] {
             let prefix = ["attn_fwd_", "attn_dq_", "attn_dkdv_"][pass as usize];
-            for w in MMA_WIDTHS {
+            for (w, mt) in MMA_WIDTHS.into_iter().zip(FWD_M_TILES) {
                 let name = Path::Mma { width: w }.kernel(pass);
                 assert_eq!(name, format!("{prefix}mma_d{w}"));
-                assert!(src.contains(&format!("ATTN_MMA_KERNELS({w})")));
+                assert!(src.contains(&format!("ATTN_MMA_KERNELS({w}, {mt})")));
             }
             for (bf16, ty, inst) in [(false, "f32", "InF32"), (true, "bf16", "InBF16")] {
                 for tile in [32, 16] {
