@@ -28,6 +28,8 @@ enum Command {
     Train(cli::train::TrainArgs),
     /// Show the precision plan and schedule of a config (no weights allocated).
     Plan(cli::plan::PlanArgs),
+    /// Write a checkpoint's weights in Black Forest Labs' Flux naming.
+    Export(cli::export::ExportArgs),
 }
 
 fn main() -> ExitCode {
@@ -39,5 +41,6 @@ fn main() -> ExitCode {
         Command::Quantize(args) => cli::finish(cli::quantize::run(&args)),
         Command::Train(args) => cli::finish(cli::train::run(&args)),
         Command::Plan(args) => cli::finish(cli::plan::run(&args)),
+        Command::Export(args) => cli::finish(cli::export::run(&args)),
     }
 }

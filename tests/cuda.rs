@@ -51,6 +51,7 @@ fn run(device: Device, out: &std::path::Path) -> TrainSummary {
         out: out.to_path_buf(),
         seed: None,
         resume: None,
+        init_from: None,
         overwrite: false,
         progress: false,
     })

@@ -751,6 +751,7 @@ fn write_checkpoint_seeds() {
         out: out.path().to_path_buf(),
         seed: None,
         resume: None,
+        init_from: None,
         overwrite: false,
         progress: false,
     })

@@ -23,6 +23,7 @@ fn run(schedule: &str, out: &Path) -> TrainSummary {
         out: out.to_path_buf(),
         seed: None,
         resume: None,
+        init_from: None,
         overwrite: false,
         progress: false,
     })

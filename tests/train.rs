@@ -21,6 +21,7 @@ fn run(config: RunConfig, out: &Path, iters: u64, resume: Option<&Path>) -> Trai
         out: out.to_path_buf(),
         seed: None,
         resume: resume.map(Path::to_path_buf),
+        init_from: None,
         overwrite: false,
         progress: false,
     })
@@ -209,6 +210,7 @@ fn a_depth_zero_model_is_an_error_when_built() {
         out: dir.path().to_path_buf(),
         seed: None,
         resume: None,
+        init_from: None,
         overwrite: false,
         progress: false,
     })

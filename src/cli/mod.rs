@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::error::ErrorKind;
 
+pub mod export;
 pub mod plan;
 pub mod quantize;
 pub mod train;

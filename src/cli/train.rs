@@ -38,8 +38,12 @@ pub struct TrainArgs {
     #[arg(long, value_name = "S", value_parser = whole_number, allow_negative_numbers = true)]
     pub seed: Option<u64>,
     /// Continue the run a checkpoint records.
-    #[arg(long, value_name = "CKPT")]
+    #[arg(long, value_name = "CKPT", conflicts_with = "init_from")]
     pub resume: Option<PathBuf>,
+    /// Start from Flux weights in Black Forest Labs' safetensors naming (F32
+    /// or BF16; `mxswitch export` writes them) instead of seeded ones.
+    #[arg(long, value_name = "FILE.safetensors")]
+    pub init_from: Option<PathBuf>,
     /// Replace a previous run in the output folder.
     #[arg(long)]
     pub overwrite: bool,
@@ -73,6 +77,7 @@ pub fn run(args: &TrainArgs) -> Result<ExitCode> {
         out: args.out.clone(),
         seed: args.seed,
         resume: args.resume.clone(),
+        init_from: args.init_from.clone(),
         overwrite: args.overwrite,
         progress: true,
     })?;

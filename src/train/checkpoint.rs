@@ -163,6 +163,14 @@ pub fn parse_checkpoint(bytes: &[u8]) -> std::result::Result<Checkpoint, String>
 }
 
 impl Checkpoint {
+    /// The parameters (tensors `param.<path>`) by path, moments left out.
+    pub fn params(&self) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
+        self.tensors
+            .iter()
+            .filter_map(|(name, t)| Some((name.strip_prefix("param.")?.to_string(), t.clone())))
+            .collect()
+    }
+
     /// Put the weights into an allocated `model` (on the parameter's device)
     /// and the moments into a fresh `opt`. Every tensor and step count must
     /// be used; `path` names the file in errors.

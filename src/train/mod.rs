@@ -49,6 +49,7 @@
 //! and builds each step's batch one step ahead on a helper thread for a
 //! GPU.
 
+mod bfl_file;
 mod checkpoint;
 mod fit;
 mod memory;
@@ -66,6 +67,7 @@ use mxswitch_runtime::schedule::{Phase, Schedule};
 use mxswitch_runtime::schedule_config::ToSchedule;
 use mxswitch_runtime::{DType, Device, Error, Result, Tensor};
 
+pub use bfl_file::{export, ExportDType, FluxWeights};
 pub use checkpoint::{parse_checkpoint, read_checkpoint, save_checkpoint, Checkpoint};
 pub use fit::{fit, Fit, FitOptions, FitSummary, Hints, Resume, Step, StepMetrics};
 pub use record::{RunFlags, RunRecord};
@@ -92,6 +94,9 @@ pub struct TrainOptions {
     pub seed: Option<u64>,
     /// Continue the run this checkpoint records.
     pub resume: Option<PathBuf>,
+    /// Start a new run from these Flux weights (Black Forest Labs' naming)
+    /// instead of seeded ones.
+    pub init_from: Option<PathBuf>,
     /// Replace a previous run in `out`.
     pub overwrite: bool,
     /// Show a progress bar (off in tests).
@@ -263,6 +268,15 @@ fn train_in_pool(opts: &TrainOptions) -> Result<TrainSummary> {
     };
     // Refused before the output folder is created.
     memory::check_memory(cfg, opts.device, resume.is_some())?;
+    let init = match (&opts.init_from, &resume) {
+        (Some(_), Some(_)) => {
+            return Err(Error::InvalidOption(
+                "--init-from starts a new run from weights and --resume continues one: give one of them".into(),
+            ))
+        }
+        (Some(path), None) => Some(FluxWeights::read(path, &cfg.model)?),
+        (None, _) => None,
+    };
     let record = serde_json::to_string(&run)
         .map_err(|e| Error::InvalidOption(format!("the run record: {e}")))?;
     let fit = Fit::prepare(FitOptions {
@@ -287,6 +301,9 @@ fn train_in_pool(opts: &TrainOptions) -> Result<TrainSummary> {
     model.plan().check_not_empty("Flux")?;
     mxswitch_runtime::plan::check_schedule::<Flux>(&schedule)?;
     allocate(&mut model, run.seed)?;
+    if let Some(weights) = init {
+        weights.put_into(&mut model)?;
+    }
     if opts.device != Device::Cpu {
         params_to_device(&mut model, &opts.device)?;
     }

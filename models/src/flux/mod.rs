@@ -1,6 +1,7 @@
 //! Flux.1 (black-forest-labs/flux) for mxswitch: the model, its RON run
 //! configurations and seeded synthetic data.
 
+pub mod bfl;
 pub mod config;
 pub mod data;
 pub mod memory;
