@@ -435,7 +435,7 @@ impl CudaContext {
                 &plan.algo,
                 blas.workspace.ptr() as *mut c_void,
                 WORKSPACE_BYTES,
-                self.inner.stream.cu_stream() as sys::cudaStream_t,
+                self.stream_handle() as sys::cudaStream_t,
             )
         }
         .map_err(|e| CudaError::Blas(format!("{}: cublasLtMatmul: {}", what(), status_name(e))))

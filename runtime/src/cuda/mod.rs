@@ -33,6 +33,8 @@ pub(crate) mod adamw;
 pub mod alloc;
 mod attention;
 pub mod context;
+mod cuda_driver;
+pub(crate) mod driver;
 pub mod gemm;
 pub mod lin_kernels;
 pub mod mx_tile;
@@ -44,7 +46,7 @@ mod staging;
 pub mod storage;
 
 pub use alloc::{DevBuf, PoolStats};
-pub use context::{CudaContext, DeviceInfo, GpuTimer};
+pub use context::{CudaContext, DeviceInfo, GpuFunction, GpuTimer};
 pub use gemm::{GemmDType, GemmOperand};
 pub use lin_kernels::bias_fallbacks;
 pub use operand::CudaOperand;
