@@ -227,9 +227,8 @@ impl Driver for CudaDriver {
 
     fn load_module(&self, src: &KernelSource) -> Result<Handle> {
         let ptx = nvrtc::ptx_for(src, &self.arch, &self.include_dirs)?;
-        let text = CString::new(ptx.to_src()).map_err(|_| {
-            CudaError::Invalid(format!("the PTX of {} holds a NUL byte", src.name))
-        })?;
+        let text = CString::new(ptx.to_src())
+            .map_err(|_| CudaError::Invalid(format!("the PTX of {} holds a NUL byte", src.name)))?;
         self.bind()?;
         // SAFETY: a NUL-terminated PTX image; the module is unloaded by unload_module.
         unsafe { dresult::module::load_data(text.as_ptr() as *const c_void) }
@@ -263,12 +262,7 @@ impl Driver for CudaDriver {
             .map_err(driver_err("cuFuncSetAttribute"))
     }
 
-    unsafe fn launch(
-        &self,
-        f: Handle,
-        cfg: &LaunchConfig,
-        args: &mut [*mut c_void],
-    ) -> Result<()> {
+    unsafe fn launch(&self, f: Handle, cfg: &LaunchConfig, args: &mut [*mut c_void]) -> Result<()> {
         self.bind()?;
         // SAFETY: as the caller promised.
         unsafe {

@@ -79,8 +79,7 @@ pub(crate) trait Driver: Send + Sync {
         value: i32,
     ) -> Result<()>;
     /// Launches `f` on the stream with one pointer per kernel argument.
-    unsafe fn launch(&self, f: Handle, cfg: &LaunchConfig, args: &mut [*mut c_void])
-        -> Result<()>;
+    unsafe fn launch(&self, f: Handle, cfg: &LaunchConfig, args: &mut [*mut c_void]) -> Result<()>;
     /// The stream, for the BLAS library's calls.
     fn stream(&self) -> Handle;
 }

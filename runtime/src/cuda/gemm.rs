@@ -380,6 +380,12 @@ impl CudaContext {
         if spec.m == 0 || spec.n == 0 || spec.batch == 0 {
             return Ok(());
         }
+        if self.platform() == crate::cuda::nvrtc::Platform::Hip {
+            return Err(CudaError::Blas(format!(
+                "{}: the hipBLASLt GEMMs are not wired yet",
+                what()
+            )));
+        }
         let key = plan_key(a, b, spec, y, out);
         let ptrs = Pointers {
             a_scale: a.scale_inv.unwrap_or(0),

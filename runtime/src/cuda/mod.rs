@@ -79,7 +79,10 @@ pub enum CudaError {
     /// No usable GPU, driver or library: what was looked for and where.
     #[error("CUDA backend unavailable: {0}")]
     Unavailable(String),
-    /// A CUDA driver call failed.
+    /// No usable ROCm library or AMD GPU: the rocm module's one line.
+    #[error("{0}")]
+    RocmUnavailable(String),
+    /// A CUDA driver (or HIP runtime) call failed.
     #[error("CUDA driver error in {op}: {err}")]
     Driver {
         /// The driver call that failed, e.g. `cuMemAlloc`.

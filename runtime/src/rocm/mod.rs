@@ -45,6 +45,7 @@ macro_rules! entry_points {
 pub(crate) use entry_points;
 
 pub mod consts;
+pub(crate) mod driver;
 pub mod gemm_path;
 pub mod hip;
 pub mod hipblaslt;
@@ -149,6 +150,15 @@ pub fn load() -> Result<Libraries, String> {
     })
 }
 
+/// The three libraries, loaded once per process and kept loaded (the
+/// entry-point tables of the open devices borrow them).
+pub fn libraries() -> Result<&'static Libraries, String> {
+    static LIBS: std::sync::OnceLock<Result<&'static Libraries, String>> =
+        std::sync::OnceLock::new();
+    LIBS.get_or_init(|| load().map(|l| &*Box::leak(Box::new(l))))
+        .clone()
+}
+
 /// What the probe found on this machine.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Probe {
@@ -163,7 +173,7 @@ pub enum Probe {
 /// Loads the libraries and asks HIP how many devices it sees (`hipInit`,
 /// `hipGetDeviceCount`); never creates a hipBLASLt handle.
 pub fn probe() -> Probe {
-    let libs = match load() {
+    let libs = match libraries() {
         Ok(l) => l,
         Err(e) => return Probe::NoLibraries(e),
     };
@@ -192,19 +202,6 @@ fn no_device_line(rc_init: i32, rc_count: i32, paths: &[String]) -> String {
         name(rc_count),
         paths.join(", ")
     )
-}
-
-/// The one line `--device rocm:<ordinal>` ends in with this build.
-pub fn unavailable(ordinal: usize) -> String {
-    match probe() {
-        Probe::NoLibraries(line) | Probe::NoDevice(line) => line,
-        Probe::Devices(n) if ordinal >= n => {
-            format!("no ROCm device rocm:{ordinal}: HIP sees {n} device(s)")
-        }
-        Probe::Devices(_) => format!(
-            "ROCm device rocm:{ordinal} found, but this build's ROCm backend has no storage, kernels or GEMMs yet (README, ROCm); use --device cpu or --device cuda"
-        ),
-    }
 }
 
 #[cfg(test)]
@@ -242,7 +239,11 @@ mod tests {
         };
         assert!(!line.contains('\n'), "one line: {line}");
         println!("{line}");
-        assert_eq!(unavailable(0), *line);
+        // The backend's open path ends in the same line.
+        let e = crate::cuda::CudaContext::new_rocm(0)
+            .err()
+            .expect("no AMD GPU here");
+        assert_eq!(e.to_string(), *line);
     }
 
     #[test]
