@@ -33,6 +33,7 @@ pub(crate) mod adamw;
 pub mod alloc;
 mod attention;
 pub mod context;
+mod cublaslt;
 mod cuda_driver;
 pub(crate) mod driver;
 pub mod gemm;

@@ -44,6 +44,7 @@ macro_rules! entry_points {
 }
 pub(crate) use entry_points;
 
+pub(crate) mod blas;
 pub mod consts;
 pub(crate) mod driver;
 pub mod gemm_path;
