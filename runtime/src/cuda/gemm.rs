@@ -181,7 +181,7 @@ impl MatLayout {
 /// algorithm for an f32 bias with FP8 operands or with a BF16 output; BF16
 /// operands with an f32 output work.
 pub fn fuses_f32_bias(operands: GemmDType, out: GemmDType) -> bool {
-    !operands.is_fp8() && out == GemmDType::F32
+    !operands.is_scaled() && out == GemmDType::F32
 }
 
 /// A bias of N values (f32 in our models: the master weights), added to

@@ -9,13 +9,15 @@
 use std::ffi::{c_int, c_void};
 
 use super::consts::{self, data_type, heuristic, layout_attr, matmul_desc, scale_mode};
-use super::gemm_path::Arch;
+use super::gemm_path::{gemm_path, Arch, GemmPath};
 use super::hipblaslt::HipBlasLt;
+use crate::backend::Format;
 use crate::cuda::driver::Handle;
 use crate::cuda::gemm::{
     BatchAttr, BlasLib, GemmDType, LtLayout, LtShape, MatmulArgs, Plan, PlanKey, Pointers,
 };
 use crate::cuda::{CudaError, Result};
+use crate::formats::ElemFormat;
 
 /// A hipBLASLt handle of one device, and what its architecture takes.
 pub(crate) struct HipBlasLtLib {
@@ -156,6 +158,45 @@ fn heuristic_algo(result: &[u64; heuristic::SIZE / 8], returned: c_int) -> Resul
     Ok(algo)
 }
 
+/// The GEMM dtype of an operand of `elem` codes: tensorwise FP8, or MX
+/// codes with block scales when `mx`.
+pub(crate) fn gemm_dtype(elem: ElemFormat, mx: bool) -> Option<GemmDType> {
+    use ElemFormat as E;
+    match (elem, mx) {
+        (E::E4M3FN, false) => Some(GemmDType::Fp8E4M3),
+        (E::E5M2, false) => Some(GemmDType::Fp8E5M2),
+        (E::E4M3FNUZ, false) => Some(GemmDType::Fp8E4M3Fnuz),
+        (E::E5M2FNUZ, false) => Some(GemmDType::Fp8E5M2Fnuz),
+        (E::E2M1, true) => Some(GemmDType::MxE2M1),
+        (E::E4M3FN, true) => Some(GemmDType::MxE4M3),
+        (E::E5M2, true) => Some(GemmDType::MxE5M2),
+        _ => None,
+    }
+}
+
+/// The operand types of the native GEMM that [`gemm_path`] picks for
+/// `a` x `b` on the device named `gcn_arch_name`; `None` where it decodes
+/// to BF16 (or for BF16 operands, which need no choice).
+pub(crate) fn native_types(
+    gcn_arch_name: &str,
+    a: &Format,
+    b: &Format,
+) -> Option<(GemmDType, GemmDType)> {
+    let (ea, eb, mx) = match (a, b) {
+        (Format::Tensorwise { elem: ea, .. }, Format::Tensorwise { elem: eb, .. }) => {
+            (*ea, *eb, false)
+        }
+        (Format::Mx(ca), Format::Mx(cb)) => (ca.elem, cb.elem, true),
+        _ => return None,
+    };
+    match gemm_path(Arch::from_gcn_name(gcn_arch_name), a, b) {
+        GemmPath::Fp8Tensorwise(..) | GemmPath::MxBlockScaled(..) => {
+            Some((gemm_dtype(ea, mx)?, gemm_dtype(eb, mx)?))
+        }
+        GemmPath::Bf16 | GemmPath::DequantBf16 => None,
+    }
+}
+
 /// The `hipDataType` of `t` on `arch`, if its GEMMs take it.
 pub(crate) fn hip_type(arch: Arch, t: GemmDType) -> Option<i32> {
     use GemmDType as G;
@@ -288,66 +329,46 @@ impl BlasLib for HipBlasLtLib {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Format;
-    use crate::formats::ElemFormat;
     use crate::quant::MxConfig;
-    use crate::rocm::gemm_path::{gemm_path, GemmPath};
 
-    /// The GEMM dtype an operand of `elem` runs as: tensorwise or MX.
-    fn dtype(elem: ElemFormat, mx: bool) -> GemmDType {
-        use ElemFormat as E;
-        match (elem, mx) {
-            (E::E4M3FN, false) => GemmDType::Fp8E4M3,
-            (E::E5M2, false) => GemmDType::Fp8E5M2,
-            (E::E4M3FNUZ, false) => GemmDType::Fp8E4M3Fnuz,
-            (E::E5M2FNUZ, false) => GemmDType::Fp8E5M2Fnuz,
-            (E::E2M1, true) => GemmDType::MxE2M1,
-            (E::E4M3FN, true) => GemmDType::MxE4M3,
-            (E::E5M2, true) => GemmDType::MxE5M2,
-            _ => GemmDType::Bf16,
-        }
-    }
-
-    /// Wherever gemm_path picks a native GEMM, the types it names are the
-    /// ones this library passes for the operands' dtypes, and they are taken.
+    /// Wherever gemm_path picks a native GEMM, `native_types` gives the
+    /// operands' dtypes, this library passes the `hipDataType`s gemm_path
+    /// names, and the architecture takes them; elsewhere it gives `None`.
     #[test]
     fn the_types_agree_with_gemm_path() {
         use ElemFormat as E;
         let elems = [E::E4M3FN, E::E5M2, E::E4M3FNUZ, E::E5M2FNUZ, E::E2M1];
-        let mut native = 0;
-        for arch in [Arch::Gfx942, Arch::Gfx950, Arch::Other] {
-            for ea in elems {
-                for eb in elems {
-                    let fp8 = |elem| Format::Tensorwise { elem, pow2: false };
-                    let mx = |elem| {
-                        Format::Mx(MxConfig {
-                            elem,
-                            ..MxConfig::mxfp4()
-                        })
-                    };
-                    for (fa, fb, is_mx) in [(fp8(ea), fp8(eb), false), (mx(ea), mx(eb), true)] {
-                        let (ta, tb) = match gemm_path(arch, &fa, &fb) {
-                            GemmPath::Fp8Tensorwise(ta, tb) | GemmPath::MxBlockScaled(ta, tb) => {
-                                (ta, tb)
-                            }
-                            _ => continue,
-                        };
-                        native += 1;
-                        assert_eq!(
-                            hip_type(arch, dtype(ea, is_mx)),
-                            Some(ta),
-                            "{arch:?} {ea:?}"
-                        );
-                        assert_eq!(
-                            hip_type(arch, dtype(eb, is_mx)),
-                            Some(tb),
-                            "{arch:?} {eb:?}"
-                        );
+        let fp8 = |elem| Format::Tensorwise { elem, pow2: false };
+        let mx = |elem| {
+            Format::Mx(MxConfig {
+                elem,
+                ..MxConfig::mxfp4()
+            })
+        };
+        let mut count = 0;
+        for (arch, name) in [
+            (Arch::Gfx942, "gfx942:sramecc+:xnack-"),
+            (Arch::Gfx950, "gfx950"),
+            (Arch::Other, "gfx90a"),
+        ] {
+            for (ea, eb) in elems.iter().flat_map(|&a| elems.map(|b| (a, b))) {
+                for (fa, fb, is_mx) in [(fp8(ea), fp8(eb), false), (mx(ea), mx(eb), true)] {
+                    let native = native_types(name, &fa, &fb);
+                    match gemm_path(arch, &fa, &fb) {
+                        GemmPath::Fp8Tensorwise(ta, tb) | GemmPath::MxBlockScaled(ta, tb) => {
+                            count += 1;
+                            let (da, db) = native.expect("a native pair");
+                            assert_eq!(Some(da), gemm_dtype(ea, is_mx));
+                            assert_eq!(Some(db), gemm_dtype(eb, is_mx));
+                            assert_eq!(hip_type(arch, da), Some(ta), "{arch:?} {ea:?}");
+                            assert_eq!(hip_type(arch, db), Some(tb), "{arch:?} {eb:?}");
+                        }
+                        _ => assert_eq!(native, None, "{arch:?} {ea:?} {eb:?} {is_mx}"),
                     }
                 }
             }
         }
-        assert!(native >= 12, "only {native} native pairs");
+        assert!(count >= 12, "only {count} native pairs");
         assert_eq!(hip_type(Arch::Gfx942, GemmDType::Fp8E4M3), None);
         assert_eq!(hip_type(Arch::Gfx942, GemmDType::MxE2M1), None);
         assert_eq!(hip_type(Arch::Other, GemmDType::Fp8E4M3Fnuz), None);
