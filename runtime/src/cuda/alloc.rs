@@ -1,7 +1,7 @@
 //! A caching device allocator: freed buffers go back to a free list keyed by
 //! size class and are handed out again, so steady-state training performs no
 //! `cuMemAlloc`/`cuMemFree` (or `hipMalloc`/`hipFree`) per op: one pool over
-//! the context's [`Driver`].
+//! the context's `Driver`.
 //!
 //! All work runs on the context's one stream, so a buffer freed by the host
 //! while a kernel still reads it can be reused at once: the next kernel that

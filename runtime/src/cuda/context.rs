@@ -1,5 +1,5 @@
 //! [`CudaContext`]: one GPU, one stream, the buffer pool, the loaded kernel
-//! modules and the BLAS handle, over a [`Driver`] (CUDA, or HIP with the
+//! modules and the BLAS handle, over a `Driver` (CUDA, or HIP with the
 //! `rocm` feature): the same code serves both platforms.
 //!
 //! Start-up checks (`cuda_driver::open`, `rocm::driver::open`) fail with

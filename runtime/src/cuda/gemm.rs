@@ -1,9 +1,9 @@
-//! GEMMs through cuBLASLt or hipBLASLt ([`BlasLib`]: `cublaslt.rs`,
+//! GEMMs through cuBLASLt or hipBLASLt (`BlasLib`: `cublaslt.rs`,
 //! `rocm/blas.rs`): `y[M, N] = a[M, K] · b[N, K]^T` with f32 accumulation,
 //! for f32, BF16 and FP8 operands (FP8 with per-tensor scales; on HIP also
 //! the FNUZ formats and MX codes with E8M0 block scales), optionally
 //! strided-batched and with a bias added in the epilogue. The validation,
-//! the column-major view ([`LtShape`]) and the plan cache are shared; the
+//! the column-major view (`LtShape`) and the plan cache are shared; the
 //! cuBLAS wording below holds for hipBLASLt, whose API mirrors it.
 //!
 //! Row-major `y = a · b^T` is, in cuBLAS's column-major terms,

@@ -1,15 +1,15 @@
-//! The ROCm backend's foundation (issue 15, in progress): the HIP runtime,
-//! hiprtc and hipBLASLt found and loaded at run time, the device probe,
-//! the table of which GEMM runs on which architecture ([`gemm_path`]), the
-//! kernel compilation with hiprtc ([`hiprtc`]), the HIP runtime and
-//! hipBLASLt entry points the backend will call ([`hip`], [`hipblaslt`]) and
-//! the HIP and hipBLASLt constants ([`consts`]). Storage, kernels and GEMMs
-//! are not built yet. Opening a ROCm device therefore always ends in one
-//! line, and that line says which of the three cases it is: the libraries
-//! are missing (naming what was looked for and where), no AMD GPU is present
-//! (the probe stops at `hipGetDeviceCount` and never reaches
-//! `hipblasLtCreate`, which exits the process without a GPU), or the backend
-//! cannot run on the GPU it found yet. Nothing here has run on AMD hardware.
+//! The ROCm backend (issue 15, in progress): the HIP runtime, hiprtc and
+//! hipBLASLt found and loaded at run time, the device probe, the HIP
+//! `Driver` under the shared GPU context
+//! (`driver`: `--device rocm` runs the CUDA backend's storage and kernels
+//! over it), hipBLASLt as its BLAS library (`blas`), the table of which GEMM
+//! runs on which architecture ([`gemm_path`]), the kernel compilation with
+//! hiprtc ([`hiprtc`]), the entry points ([`hip`], [`hipblaslt`]) and the
+//! pinned constants ([`consts`]). Opening a ROCm device without the
+//! libraries or without a GPU ends in one line (naming what was looked for
+//! and where, or that HIP sees no device); the probe stops at
+//! `hipGetDeviceCount` and nothing reaches `hipblasLtCreate`, which exits the
+//! process without a GPU. Nothing here has run on AMD hardware.
 
 /// A table of a library's C entry points: a struct of typed symbols that
 /// `new` resolves (naming the first one missing) and `SYMBOLS`, their
