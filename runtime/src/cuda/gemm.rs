@@ -447,7 +447,11 @@ impl Blas {
             #[cfg(feature = "rocm")]
             Platform::Hip => Box::new(crate::rocm::blas::HipBlasLtLib::new(&ctx.arch())?),
             #[cfg(not(feature = "rocm"))]
-            Platform::Hip => unreachable!("a HIP context needs the rocm feature"),
+            Platform::Hip => {
+                return Err(CudaError::Invalid(
+                    "hipBLASLt needs a build with the rocm feature".into(),
+                ))
+            }
         };
         let workspace = ctx.alloc(WORKSPACE_BYTES)?;
         Ok(Blas {

@@ -253,3 +253,24 @@ pub fn include_dirs(loaded_libs: &[PathBuf]) -> Vec<PathBuf> {
         .into_iter()
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// HIP swaps in the attention module's HIP shim and nothing else.
+    #[test]
+    fn only_attention_is_assembled_differently_for_hip() {
+        for src in all_sources() {
+            let hip = source_for(src, Platform::Hip);
+            assert_eq!(hip.name, src.name);
+            assert_eq!(
+                hip.body == src.body,
+                src.name != "attention.cu",
+                "{}",
+                src.name
+            );
+            assert_eq!(source_for(src, Platform::Cuda).body, src.body);
+        }
+    }
+}
