@@ -7,10 +7,9 @@ use std::ffi::c_void;
 use cudarc::cublaslt::result::{self as lt, CublasError};
 use cudarc::cublaslt::sys;
 
+use super::blas_lib::{BatchAttr, BlasLib, LtLayout, LtShape, MatmulArgs, Plan, Pointers};
 use super::driver::Handle;
-use super::gemm::{
-    BatchAttr, BlasLib, GemmDType, LtLayout, LtShape, MatmulArgs, Plan, PlanKey, Pointers,
-};
+use super::gemm::{GemmDType, PlanKey};
 use super::{CudaError, Result};
 
 /// A cuBLASLt handle.

@@ -1,5 +1,5 @@
-//! GEMMs through cuBLASLt or hipBLASLt (`BlasLib`: `cublaslt.rs`,
-//! `rocm/blas.rs`): `y[M, N] = a[M, K] · b[N, K]^T` with f32 accumulation,
+//! GEMMs through cuBLASLt or hipBLASLt (`BlasLib` of `blas_lib.rs`:
+//! `cublaslt.rs`, `rocm/blas.rs`): `y[M, N] = a[M, K] · b[N, K]^T` with f32 accumulation,
 //! for f32, BF16 and FP8 operands (FP8 with per-tensor scales; on HIP also
 //! the FNUZ formats and MX codes with E8M0 block scales), optionally
 //! strided-batched and with a bias added in the epilogue. The validation,
@@ -47,7 +47,7 @@
 use std::collections::HashMap;
 use std::ffi::c_void;
 
-use super::driver::Handle;
+use super::blas_lib::{BlasLib, LtLayout, LtShape, MatmulArgs, Plan, Pointers};
 use super::nvrtc::Platform;
 use super::{CudaContext, CudaError, DevBuf, Result};
 
@@ -265,62 +265,10 @@ pub(crate) struct PlanKey {
     pub(crate) bias: Option<GemmDType>,
 }
 
-/// One matrix as the BLAS library sees it: column-major `rows x cols`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct LtLayout {
-    pub(crate) dtype: GemmDType,
-    pub(crate) rows: u64,
-    pub(crate) cols: u64,
-    pub(crate) ld: i64,
-    pub(crate) batch_stride: i64,
-}
-
-/// A batch attribute of a matrix layout.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum BatchAttr {
-    /// The batch count, an `int32`.
-    Count,
-    /// The strided batch offset in elements, an `int64`.
-    Stride,
-}
-
-impl LtLayout {
-    /// Sets the batch count and stride of a layout through `set`
-    /// (attribute, pointer to its value, size): once per library.
-    pub(crate) fn set_batch<E>(
-        &self,
-        batch: usize,
-        set: impl Fn(BatchAttr, *const c_void, usize) -> std::result::Result<(), E>,
-    ) -> std::result::Result<(), E> {
-        let count = batch as i32;
-        set(BatchAttr::Count, &count as *const i32 as *const c_void, 4)?;
-        set(
-            BatchAttr::Stride,
-            &self.batch_stride as *const i64 as *const c_void,
-            8,
-        )
-    }
-}
-
-/// A plan in the library's column-major terms, where its A is our b, its
-/// B our a and its D our y (transposed): what both libraries are told.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct LtShape {
-    /// Whether the library's A (our b) and B (our a) are read transposed.
-    pub(crate) trans_a: bool,
-    pub(crate) trans_b: bool,
-    /// The library's A, B and D (C shares D's: beta = 0).
-    pub(crate) layouts: [LtLayout; 3],
-    pub(crate) batch: usize,
-    pub(crate) bias: Option<GemmDType>,
-    /// Least byte alignment of the library's A, B, C and D.
-    pub(crate) align: [u32; 4],
-    pub(crate) workspace: usize,
-}
-
-impl LtShape {
-    /// The column-major view of `key`: an untransposed operand is K x rows.
-    pub(crate) fn of(key: &PlanKey) -> LtShape {
+impl PlanKey {
+    /// The column-major view of the call: an untransposed operand is K x rows.
+    pub(crate) fn lt_shape(&self) -> LtShape {
+        let key = self;
         let [ta, tb, tout] = key.dtypes;
         let [la, lb, ly] = key.layouts;
         let (m, n, k) = (key.m, key.n, key.k);
@@ -354,67 +302,6 @@ impl LtShape {
             workspace: WORKSPACE_BYTES,
         }
     }
-}
-
-/// Descriptors and the chosen algorithm of one [`PlanKey`], as the
-/// library's opaque handles (its A, B and D layouts) and algorithm bytes.
-pub(crate) struct Plan {
-    pub(crate) desc: Handle,
-    pub(crate) layouts: [Handle; 3],
-    /// `cublasLtMatmulAlgo_t` (64 bytes) or `hipblasLtMatmulAlgo_t` (24).
-    pub(crate) algo: [u64; 8],
-}
-
-impl Plan {
-    /// A plan with a descriptor and nothing else yet.
-    pub(crate) fn new(desc: Handle) -> Plan {
-        Plan {
-            desc,
-            layouts: [std::ptr::null_mut(); 3],
-            algo: [0; 8],
-        }
-    }
-}
-
-/// Device pointers set on the descriptor at every call (cuBLAS's A is our b).
-#[derive(Clone, Copy)]
-pub(crate) struct Pointers {
-    pub(crate) a_scale: u64,
-    pub(crate) b_scale: u64,
-    pub(crate) bias: u64,
-}
-
-/// The pointers of one matmul call: the library's A (our b), B (our a),
-/// D (y), the workspace and the stream.
-pub(crate) struct MatmulArgs {
-    pub(crate) a: *const c_void,
-    pub(crate) b: *const c_void,
-    pub(crate) d: *const c_void,
-    pub(crate) workspace: u64,
-    pub(crate) workspace_bytes: usize,
-    pub(crate) stream: Handle,
-}
-
-/// The BLAS library of a platform: cuBLASLt or hipBLASLt.
-pub(crate) trait BlasLib: Send {
-    /// For messages.
-    fn name(&self) -> &'static str;
-    /// Whether the library has operands of type `t` on this device.
-    fn takes(&self, t: GemmDType) -> bool;
-    /// Descriptors and the heuristic's algorithm.
-    fn plan(&self, key: &PlanKey, shape: &LtShape, ptrs: &Pointers) -> Result<Plan>;
-    /// Sets the scale and bias pointers of a call on the plan's descriptor.
-    fn set_pointers(&self, plan: &Plan, key: &PlanKey, ptrs: &Pointers) -> Result<()>;
-    /// Queues the matmul on the stream.
-    ///
-    /// # Safety
-    /// The pointers must be live device ranges the plan's layouts describe.
-    unsafe fn matmul(&self, plan: &Plan, args: &MatmulArgs) -> Result<()>;
-    /// Destroys the plan's handles.
-    ///
-    /// # Safety
-    /// Once per plan, after its last matmul.
-    unsafe fn destroy(&self, plan: &Plan);
 }
 
 /// The BLAS handle, workspace and plan cache of a context.
@@ -531,7 +418,7 @@ impl CudaContext {
             if let Some(msg) = blas.refused.get(&key) {
                 return Err(CudaError::Blas(msg.clone()));
             }
-            match blas.lib.plan(&key, &LtShape::of(&key), &ptrs) {
+            match blas.lib.plan(&key, &key.lt_shape(), &ptrs) {
                 Ok(plan) => {
                     blas.plans.insert(key, plan);
                 }
@@ -793,12 +680,12 @@ mod tests {
     /// "TN" layout of two K-contiguous operands; alignments follow the swap.
     #[test]
     fn the_column_major_view_swaps_the_operands() {
-        let s = LtShape::of(&key(false, false));
+        let s = key(false, false).lt_shape();
         assert!(s.trans_a && !s.trans_b, "TN");
         let dims = s.layouts.map(|l| (l.rows, l.cols, l.ld));
         assert_eq!(dims, [(64, 48, 64), (64, 32, 64), (48, 32, 48)]);
         assert_eq!(s.align, [32, 16, 256, 256]);
-        let t = LtShape::of(&key(true, true));
+        let t = key(true, true).lt_shape();
         assert!(!t.trans_a && t.trans_b);
         let dims = t.layouts.map(|l| (l.rows, l.cols, l.ld));
         assert_eq!(dims, [(48, 64, 48), (32, 64, 32), (48, 32, 48)]);

@@ -32,6 +32,7 @@
 pub(crate) mod adamw;
 pub mod alloc;
 mod attention;
+pub(crate) mod blas_lib;
 pub mod context;
 mod cublaslt;
 mod cuda_driver;

@@ -12,10 +12,9 @@ use super::consts::{self, data_type, heuristic, layout_attr, matmul_desc, scale_
 use super::gemm_path::{gemm_path, Arch, GemmPath};
 use super::hipblaslt::HipBlasLt;
 use crate::backend::Format;
+use crate::cuda::blas_lib::{BatchAttr, BlasLib, LtLayout, LtShape, MatmulArgs, Plan, Pointers};
 use crate::cuda::driver::Handle;
-use crate::cuda::gemm::{
-    BatchAttr, BlasLib, GemmDType, LtLayout, LtShape, MatmulArgs, Plan, PlanKey, Pointers,
-};
+use crate::cuda::gemm::{GemmDType, PlanKey};
 use crate::cuda::{CudaError, Result};
 use crate::formats::ElemFormat;
 
