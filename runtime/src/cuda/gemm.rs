@@ -1,10 +1,11 @@
 //! GEMMs through cuBLASLt or hipBLASLt (`BlasLib` of `blas_lib.rs`:
-//! `cublaslt.rs`, `rocm/blas.rs`): `y[M, N] = a[M, K] · b[N, K]^T` with f32 accumulation,
-//! for f32, BF16 and FP8 operands (FP8 with per-tensor scales; on HIP also
-//! the FNUZ formats and MX codes with E8M0 block scales), optionally
-//! strided-batched and with a bias added in the epilogue. The validation,
-//! the column-major view (`LtShape`) and the plan cache are shared; the
-//! cuBLAS wording below holds for hipBLASLt, whose API mirrors it.
+//! `cublaslt.rs`, `rocm/blas.rs`): `y[M, N] = a[M, K] · b[N, K]^T` with
+//! f32 accumulation, for f32, BF16 and FP8 operands (FP8 with per-tensor
+//! scales; on HIP also the FNUZ formats and MX codes with E8M0 block
+//! scales), optionally strided-batched and with a bias added in the
+//! epilogue. The validation, the column-major view (`LtShape`) and the
+//! plan cache are shared; the cuBLAS wording below holds for hipBLASLt,
+//! whose API mirrors it.
 //!
 //! Row-major `y = a · b^T` is, in cuBLAS's column-major terms,
 //! `y^T[N, M] = op(A) · op(B)` with A = b, B = a and D = y^T (ld = y's row
