@@ -3,7 +3,9 @@
 /// A device a tensor can be placed on.
 ///
 /// [`Device::Cpu`] always has a backend; [`Device::Cuda`] has one when the
-/// `cuda` feature is on and the GPU can be opened. Asking for a device
+/// `cuda` feature is on and the GPU can be opened, [`Device::Rocm`] (the
+/// same GPU backend over HIP) when the `rocm` feature is on and HIP finds
+/// the GPU. Asking for a device
 /// without one gives an error (never a panic), so a `--device cuda` run fails
 /// with one clear line (DESIGN.md, "Backends").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]

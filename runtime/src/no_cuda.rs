@@ -23,8 +23,13 @@ pub enum CudaDevice {}
 impl CudaDevice {
     /// Always the "no backend" error.
     pub fn get(ordinal: usize) -> Result<CudaDevice> {
+        CudaDevice::open(Device::Cuda(ordinal))
+    }
+
+    /// Always the "no backend" error.
+    pub fn open(device: Device) -> Result<CudaDevice> {
         Err(Error::DeviceUnavailable {
-            device: Device::Cuda(ordinal).to_string(),
+            device: device.to_string(),
         })
     }
 }

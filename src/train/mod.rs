@@ -134,29 +134,22 @@ pub fn schedule_of(config: &RunConfig, switch_at: Option<u64>) -> Result<Schedul
     Schedule::new(phases, schedule.layers_per_iter, schedule.order)
 }
 
-/// Why `--device rocm` cannot run here, in one line.
-fn rocm_line(ordinal: usize) -> String {
-    #[cfg(feature = "rocm")]
-    return mxswitch_runtime::rocm::unavailable(ordinal);
-    #[cfg(not(feature = "rocm"))]
-    return format!(
-        "this build has no ROCm backend (rocm:{ordinal}): rebuild with `--features rocm` or use --device cpu"
-    );
-}
-
 /// Check the device before any work: one clear line when this build or this
-/// machine cannot run it.
+/// machine cannot run it. A GPU is opened by placing one element on it.
 pub fn check_device(device: Device) -> Result<()> {
-    match device {
-        Device::Cpu => Ok(()),
-        Device::Rocm(i) => Err(Error::Backend(format!("--device rocm: {}", rocm_line(i)))),
-        Device::Cuda(_) if !cfg!(feature = "cuda") => Err(Error::InvalidOption(
-            "--device cuda: the CUDA backend is not available in this build: rebuild with `--features cuda` or use --device cpu".into(),
-        )),
-        Device::Cuda(_) => Tensor::zeros([1], DType::F32, &device)
-            .map(|_| ())
-            .map_err(|e| Error::Backend(format!("--device cuda: {e}"))),
+    let (flag, name, built) = match device {
+        Device::Cpu => return Ok(()),
+        Device::Cuda(_) => ("cuda", "CUDA", cfg!(feature = "cuda")),
+        Device::Rocm(_) => ("rocm", "ROCm", cfg!(feature = "rocm")),
+    };
+    if !built {
+        return Err(Error::InvalidOption(format!(
+            "--device {flag}: the {name} backend is not available in this build: rebuild with `--features {flag}` or use --device cpu"
+        )));
     }
+    Tensor::zeros([1], DType::F32, &device)
+        .map(|_| ())
+        .map_err(|e| Error::Backend(format!("--device {flag}: {e}")))
 }
 
 /// Move every parameter to `device`, keeping its id.

@@ -1,6 +1,7 @@
 //! A caching device allocator: freed buffers go back to a free list keyed by
 //! size class and are handed out again, so steady-state training performs no
-//! `cuMemAlloc`/`cuMemFree` per op.
+//! `cuMemAlloc`/`cuMemFree` (or `hipMalloc`/`hipFree`) per op: one pool over
+//! the context's `Driver`.
 //!
 //! All work runs on the context's one stream, so a buffer freed by the host
 //! while a kernel still reads it can be reused at once: the next kernel that
@@ -11,9 +12,11 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{result, sys::CUdeviceptr};
+use super::driver::Driver;
+use super::{CudaError, Result};
 
-use super::{driver_err, CudaError, Result};
+/// A device address.
+type DevPtr = u64;
 
 /// Smallest allocation: cuMemAlloc aligns to 256 bytes anyway.
 const MIN_CLASS: usize = 256;
@@ -48,20 +51,20 @@ pub struct PoolStats {
 }
 
 pub(crate) struct Pool {
-    ctx: Arc<cudarc::driver::CudaContext>,
+    driver: Arc<dyn Driver>,
     state: Mutex<PoolState>,
 }
 
 #[derive(Default)]
 struct PoolState {
-    free: HashMap<usize, Vec<CUdeviceptr>>,
+    free: HashMap<usize, Vec<DevPtr>>,
     stats: PoolStats,
 }
 
 impl Pool {
-    pub(crate) fn new(ctx: Arc<cudarc::driver::CudaContext>) -> Arc<Pool> {
+    pub(crate) fn new(driver: Arc<dyn Driver>) -> Arc<Pool> {
         Arc::new(Pool {
-            ctx,
+            driver,
             state: Mutex::new(PoolState::default()),
         })
     }
@@ -89,19 +92,19 @@ impl Pool {
                 return Ok(self.wrap(ptr, bytes, class));
             }
         }
-        self.ctx
-            .bind_to_thread()
-            .map_err(driver_err("cuCtxSetCurrent"))?;
-        // SAFETY: the context is current on this thread; the pointer is owned
-        // by the returned DevBuf and freed only through the pool.
-        let ptr = match unsafe { result::malloc_sync(class) } {
+        // The pointer is owned by the returned DevBuf and freed only
+        // through the pool.
+        let ptr = match self.driver.malloc(class) {
             Ok(p) => p,
             Err(_) => {
                 // Out of memory (or fragmented): give the cache back and retry once.
                 self.release_cached()?;
-                unsafe { result::malloc_sync(class) }.map_err(|e| CudaError::Driver {
-                    op: format!("cuMemAlloc({class} bytes)"),
-                    err: format!("{e:?}; {:?}", self.stats()),
+                self.driver.malloc(class).map_err(|e| match e {
+                    CudaError::Driver { op, err } => CudaError::Driver {
+                        op: format!("{op}({class} bytes)"),
+                        err: format!("{err}; {:?}", self.stats()),
+                    },
+                    other => other,
                 })?
             }
         };
@@ -112,7 +115,7 @@ impl Pool {
         Ok(self.wrap(ptr, bytes, class))
     }
 
-    fn wrap(self: &Arc<Self>, ptr: CUdeviceptr, bytes: usize, class: usize) -> DevBuf {
+    fn wrap(self: &Arc<Self>, ptr: DevPtr, bytes: usize, class: usize) -> DevBuf {
         DevBuf {
             ptr,
             bytes,
@@ -121,7 +124,7 @@ impl Pool {
         }
     }
 
-    fn give_back(&self, ptr: CUdeviceptr, class: usize) {
+    fn give_back(&self, ptr: DevPtr, class: usize) {
         let mut st = self.lock();
         st.free.entry(class).or_default().push(ptr);
         st.stats.bytes_in_use -= class;
@@ -131,14 +134,12 @@ impl Pool {
     /// Frees every cached buffer. Waits for the device first, since a cached
     /// buffer may still be read by queued work.
     pub(crate) fn release_cached(&self) -> Result<()> {
-        self.ctx
-            .synchronize()
-            .map_err(driver_err("cuCtxSynchronize"))?;
-        let free: Vec<(usize, Vec<CUdeviceptr>)> = self.lock().free.drain().collect();
+        self.driver.device_synchronize()?;
+        let free: Vec<(usize, Vec<DevPtr>)> = self.lock().free.drain().collect();
         for (class, ptrs) in free {
             for p in ptrs {
-                // SAFETY: p came from malloc_sync in this context and no DevBuf owns it.
-                unsafe { result::free_sync(p) }.map_err(driver_err("cuMemFree"))?;
+                // SAFETY: p came from this driver's malloc and no DevBuf owns it.
+                unsafe { self.driver.free(p) }?;
                 self.lock().stats.bytes_cached -= class;
             }
         }
@@ -157,7 +158,7 @@ impl Drop for Pool {
 /// A device buffer from the pool; dropping it returns the memory to the pool.
 /// Untyped: kernels and GEMMs are told the element type.
 pub struct DevBuf {
-    ptr: CUdeviceptr,
+    ptr: DevPtr,
     bytes: usize,
     class: usize,
     pool: Arc<Pool>,

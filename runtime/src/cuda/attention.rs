@@ -60,6 +60,8 @@ pub const ATTENTION_HIP: KernelSource = KernelSource {
     ),
 };
 
+mod fit;
+
 /// Widest `d` or `dv` the GPU kernels take.
 const MAX_WIDTH: usize = 256;
 /// Head widths of the tensor-core kernels (`ATTN_MMA_KERNELS` instances)
@@ -324,7 +326,7 @@ impl AttentionBackend for CudaStorage {
         operand(q, "q", None, sh.heads * sh.l * sh.d)?;
         operand(k, "k", Some(dtype), sh.heads * sh.s * sh.d)?;
         operand(v, "v", Some(dtype), sh.heads * sh.s * sh.dv)?;
-        let Some(path) = Path::of(dtype, &sh) else {
+        let Some(path) = Path::on(dtype, &sh, q.device()) else {
             return host_forward(q, k, v, sh, scale);
         };
         let dev = q.device();
@@ -401,7 +403,7 @@ impl AttentionBackend for CudaStorage {
         operand(saved.o, "o", Some(dtype), n_o)?;
         operand(d_o, "dO", Some(dtype), n_o)?;
         operand(saved.lse, "lse", Some(DType::F32), sh.heads * sh.l)?;
-        let Some(path) = Path::of(dtype, &sh) else {
+        let Some(path) = Path::on(dtype, &sh, d_o.device()) else {
             return host_backward(saved, d_o, sh, scale);
         };
         let dev = d_o.device();

@@ -1,51 +1,53 @@
 //! [`CudaContext`]: one GPU, one stream, the buffer pool, the loaded kernel
-//! modules and the cuBLASLt handle.
+//! modules and the BLAS handle, over a `Driver` (CUDA, or HIP with the
+//! `rocm` feature): the same code serves both platforms.
 //!
-//! Start-up checks, in order, each failing with one line instead of a panic:
-//! the three shared libraries can be opened (cudarc's loader would panic), the
-//! driver initialises and sees a device with the requested ordinal, NVRTC and
-//! cuBLASLt answer a version query (which loads their first symbols). The
-//! whole start runs under `catch_unwind` with a silent panic hook as a last
-//! guard against a loader panic (for example a symbol missing from an old
-//! library).
+//! Start-up checks (`cuda_driver::open`, `rocm::driver::open`) fail with
+//! one line instead of a panic. The whole start runs under `catch_unwind`
+//! with a silent panic hook as a last guard against a loader panic (for
+//! example a symbol missing from an old library).
 
 use std::collections::HashMap;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{
-    self, result as dresult, sys as dsys, CudaFunction, CudaModule, CudaStream, DeviceRepr,
-};
+use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::{DeviceRepr, LaunchConfig};
 
 use super::alloc::{Pool, PoolStats};
+use super::driver::{Driver, Handle};
 use super::gemm::Blas;
-use super::nvrtc::{self, KernelSource};
+use super::nvrtc::{KernelSource, Platform};
 use super::staging::Staging;
-use super::{driver_err, CudaError, DevBuf, Result};
+use super::{CudaError, DevBuf, Result};
 
 /// What the context runs on, for logs and reports.
 #[derive(Clone, Debug)]
 pub struct DeviceInfo {
-    /// The CUDA device ordinal (`cuda:N`).
+    /// The device ordinal (`cuda:N` or `rocm:N`).
     pub ordinal: usize,
-    /// The device name from cuDeviceGetName, e.g. "NVIDIA H200".
+    /// CUDA or HIP.
+    pub platform: Platform,
+    /// The device name, e.g. "NVIDIA H200".
     pub name: String,
-    /// Compute capability (major, minor): (9, 0) on Hopper.
+    /// The architecture: `sm_90`, or HIP's `gcnArchName` such as
+    /// `gfx942:sramecc+:xnack-`.
+    pub arch: String,
+    /// CUDA's compute capability (major, minor), (9, 0) on Hopper; (0, 0) on HIP.
     pub compute_capability: (i32, i32),
     /// Total device memory in bytes.
     pub total_mem: usize,
-    /// Number of streaming multiprocessors (SMs).
+    /// Number of streaming multiprocessors (SMs) or compute units (CUs).
     pub multiprocessors: i32,
-    /// cuDriverGetVersion, e.g. 13000.
-    pub driver_version: i32,
-    /// NVRTC version (major, minor), e.g. (13, 0).
-    pub nvrtc_version: (i32, i32),
-    /// cublasLtGetVersion, e.g. 130100.
-    pub cublaslt_version: usize,
-    /// Paths of the CUDA libraries this process loaded.
+    /// The most shared memory (LDS) one block may use, in bytes (CUDA's
+    /// opt-in limit).
+    pub shared_mem_per_block: usize,
+    /// Driver, compiler and BLAS library versions, as one phrase.
+    pub versions: String,
+    /// Paths of the GPU libraries this process loaded.
     pub libraries: Vec<PathBuf>,
-    /// Include directories handed to NVRTC.
+    /// Include directories handed to NVRTC (none on HIP).
     pub include_dirs: Vec<PathBuf>,
 }
 
@@ -61,19 +63,19 @@ impl std::fmt::Display for DeviceInfo {
             .iter()
             .map(|p| p.display().to_string())
             .collect();
+        let (prefix, units) = match self.platform {
+            Platform::Cuda => ("cuda", "SMs"),
+            Platform::Hip => ("rocm", "CUs"),
+        };
         write!(
             f,
-            "cuda:{} {} (sm_{}{}, {} SMs, {:.1} GiB), driver {}, nvrtc {}.{}, cublasLt {}; libs [{}]; include [{}]",
+            "{prefix}:{} {} ({}, {} {units}, {:.1} GiB), {}; libs [{}]; include [{}]",
             self.ordinal,
             self.name,
-            self.compute_capability.0,
-            self.compute_capability.1,
+            self.arch,
             self.multiprocessors,
             self.total_mem as f64 / (1u64 << 30) as f64,
-            self.driver_version,
-            self.nvrtc_version.0,
-            self.nvrtc_version.1,
-            self.cublaslt_version,
+            self.versions,
             libs.join(", "),
             incs.join(", ")
         )
@@ -88,102 +90,91 @@ pub struct CudaContext {
 
 pub(crate) struct Inner {
     // Field order is drop order: everything that holds device memory or
-    // handles goes before the driver context.
+    // handles goes before the driver (the modules are unloaded in `drop`).
     pub(crate) blas: Mutex<Option<Blas>>,
     staging: Mutex<Staging>,
     deferred: Mutex<DeferredChecks>,
-    functions: Mutex<HashMap<&'static str, CudaFunction>>,
-    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    functions: Mutex<HashMap<&'static str, GpuFunction>>,
+    modules: Mutex<HashMap<&'static str, Handle>>,
     pub(crate) pool: Arc<Pool>,
-    pub(crate) stream: Arc<CudaStream>,
-    pub(crate) ctx: Arc<driver::CudaContext>,
+    pub(crate) driver: Arc<dyn Driver>,
     pub(crate) info: DeviceInfo,
 }
 
-impl CudaContext {
-    /// Opens GPU `ordinal`. Fails with [`CudaError::Unavailable`] (one line:
-    /// what was looked for and where) when there is no GPU, driver or library.
-    pub fn new(ordinal: usize) -> Result<CudaContext> {
-        match quietly(|| Self::open(ordinal)) {
-            Ok(r) => r,
-            Err(msg) => Err(CudaError::Unavailable(format!(
-                "the CUDA loader failed: {}",
-                msg.replace('\n', " ")
-            ))),
+// SAFETY: the module handles are only used under their mutex and unloaded
+// once, in `drop`; the driver is Send + Sync.
+unsafe impl Send for Inner {}
+unsafe impl Sync for Inner {}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        lock(&self.functions).clear();
+        for (_, m) in lock(&self.modules).drain() {
+            // SAFETY: loaded once by this context; no function of it is used again.
+            unsafe { self.driver.unload_module(m) };
         }
     }
+}
 
-    fn open(ordinal: usize) -> Result<CudaContext> {
-        check_libraries()?;
-        let count = match driver::CudaContext::device_count() {
-            Ok(n) => n,
-            Err(e) => {
+/// A kernel of a loaded module.
+#[derive(Clone)]
+pub struct GpuFunction {
+    raw: Handle,
+    driver: Arc<dyn Driver>,
+}
+
+// SAFETY: a function handle is an immutable driver object, usable from any
+// thread while its module is loaded (the context keeps it loaded).
+unsafe impl Send for GpuFunction {}
+unsafe impl Sync for GpuFunction {}
+
+impl GpuFunction {
+    /// Sets a function attribute (CUDA's enum; HIP maps the dynamic shared
+    /// memory limit, the only one the backend sets).
+    pub fn set_attribute(&self, attr: CUfunction_attribute_enum, value: i32) -> Result<()> {
+        self.driver.bind()?;
+        // SAFETY: a live function of this driver.
+        unsafe { self.driver.set_function_attribute(self.raw, attr, value) }
+    }
+}
+
+impl CudaContext {
+    /// Opens CUDA GPU `ordinal`. Fails with [`CudaError::Unavailable`] (one
+    /// line: what was looked for and where) when there is no GPU, driver or
+    /// library.
+    pub fn new(ordinal: usize) -> Result<CudaContext> {
+        Self::open_with("CUDA", || super::cuda_driver::open(ordinal))
+    }
+
+    /// Opens AMD GPU `ordinal` through HIP, with the same one-line failures.
+    #[cfg(feature = "rocm")]
+    pub fn new_rocm(ordinal: usize) -> Result<CudaContext> {
+        Self::open_with("HIP", || crate::rocm::driver::open(ordinal))
+    }
+
+    fn open_with(
+        platform: &str,
+        open: impl FnOnce() -> Result<(Arc<dyn Driver>, DeviceInfo)>,
+    ) -> Result<CudaContext> {
+        let (driver, info) = match quietly(open) {
+            Ok(r) => r?,
+            Err(msg) => {
                 return Err(CudaError::Unavailable(format!(
-                    "the CUDA driver ({}) found no usable GPU: cuInit/cuDeviceGetCount gave {e:?}",
-                    loaded_libraries(&["libcuda"])
-                        .first()
-                        .map(|p| p.display().to_string())
-                        .unwrap_or_else(|| "libcuda".into())
+                    "the {platform} loader failed: {}",
+                    msg.replace('\n', " ")
                 )))
             }
         };
-        if ordinal >= count.max(0) as usize {
-            return Err(CudaError::Unavailable(format!(
-                "no GPU with ordinal {ordinal}: the CUDA driver sees {count} device(s)"
-            )));
-        }
-        let ctx =
-            driver::CudaContext::new(ordinal).map_err(driver_err("cuCtx (primary context)"))?;
-        // Buffers are raw pointers from our own pool, not CudaSlices, so
-        // cudarc's per-slice event tracking has nothing to track.
-        // SAFETY: no CudaSlice of this context exists yet.
-        unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.new_stream().map_err(driver_err("cuStreamCreate"))?;
-
-        let attr = |a| ctx.attribute(a).map_err(driver_err("cuDeviceGetAttribute"));
-        use dsys::CUdevice_attribute as A;
-        let cc = (
-            attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
-            attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
-        );
-        let multiprocessors = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-        let mut driver_version = 0i32;
-        // SAFETY: plain out-parameter query.
-        unsafe { dsys::cuDriverGetVersion(&mut driver_version) }
-            .result()
-            .map_err(driver_err("cuDriverGetVersion"))?;
-        let (mut major, mut minor) = (0i32, 0i32);
-        // SAFETY: plain out-parameter query; loads libnvrtc's first symbol.
-        unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) }
-            .result()
-            .map_err(|e| CudaError::Unavailable(format!("nvrtcVersion failed: {e:?}")))?;
-        // SAFETY: no arguments; loads libcublasLt's first symbol.
-        let cublaslt_version = unsafe { cudarc::cublaslt::sys::cublasLtGetVersion() };
-        let libraries = loaded_libraries(&["libcuda.so", "libnvrtc", "libcublasLt"]);
-        let include_dirs = nvrtc::include_dirs(&libraries);
-        let info = DeviceInfo {
-            ordinal,
-            name: ctx.name().map_err(driver_err("cuDeviceGetName"))?,
-            compute_capability: cc,
-            total_mem: ctx.total_mem().map_err(driver_err("cuDeviceTotalMem"))?,
-            multiprocessors,
-            driver_version,
-            nvrtc_version: (major, minor),
-            cublaslt_version,
-            libraries,
-            include_dirs,
-        };
-        let pool = Pool::new(ctx.clone());
+        let pool = Pool::new(driver.clone());
         Ok(CudaContext {
             inner: Arc::new(Inner {
                 blas: Mutex::new(None),
-                staging: Mutex::new(Staging::default()),
+                staging: Mutex::new(Staging::new(driver.clone())),
                 deferred: Mutex::new(DeferredChecks::default()),
                 functions: Mutex::new(HashMap::new()),
                 modules: Mutex::new(HashMap::new()),
                 pool,
-                stream,
-                ctx,
+                driver,
                 info,
             }),
         })
@@ -194,9 +185,15 @@ impl CudaContext {
         &self.inner.info
     }
 
-    /// The stream every launch, copy and GEMM of this context runs on.
-    pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.inner.stream
+    /// CUDA or HIP.
+    pub fn platform(&self) -> Platform {
+        self.inner.info.platform
+    }
+
+    /// The stream every launch, copy and GEMM of this context runs on (a
+    /// `CUstream` or `hipStream_t`).
+    pub fn stream_handle(&self) -> *mut std::ffi::c_void {
+        self.inner.driver.stream()
     }
 
     /// The buffer pool's counters so far (allocations, reuses, bytes, peak).
@@ -207,11 +204,7 @@ impl CudaContext {
     /// Free and total device memory in bytes. Free counts the buffers the
     /// pool has cached, which it hands out before asking the driver for more.
     pub fn memory_info(&self) -> Result<(usize, usize)> {
-        let (free, total) = self
-            .inner
-            .ctx
-            .mem_get_info()
-            .map_err(driver_err("cuMemGetInfo"))?;
+        let (free, total) = self.inner.driver.mem_info()?;
         Ok((free.saturating_add(self.pool_stats().bytes_cached), total))
     }
 
@@ -225,8 +218,7 @@ impl CudaContext {
         let buf = self.alloc(bytes)?;
         self.bind()?;
         // SAFETY: buf owns at least `bytes` bytes.
-        unsafe { dresult::memset_d8_async(buf.ptr(), 0, bytes, self.inner.stream.cu_stream()) }
-            .map_err(driver_err("cuMemsetD8Async"))?;
+        unsafe { self.inner.driver.memset_d8(buf.ptr(), 0, bytes) }?;
         Ok(buf)
     }
 
@@ -237,19 +229,23 @@ impl CudaContext {
         let buf = self.alloc(bytes)?;
         if bytes > 0 {
             self.bind()?;
-            let mut staging = self.inner.staging.lock().unwrap_or_else(|p| p.into_inner());
+            let mut staging = lock(&self.inner.staging);
             // SAFETY: data is `bytes` readable bytes, buf holds as many, and
             // bind made this context current.
-            unsafe {
-                staging.upload(
-                    buf.ptr(),
-                    data.as_ptr() as *const u8,
-                    bytes,
-                    self.inner.stream.cu_stream(),
-                )
-            }?;
+            unsafe { staging.upload(buf.ptr(), data.as_ptr() as *const u8, bytes) }?;
         }
         Ok(buf)
+    }
+
+    /// Copies `bytes` bytes from device address `src` to `dst`, in stream
+    /// order.
+    ///
+    /// # Safety
+    /// Both ranges must lie in live buffers of this context.
+    pub unsafe fn copy_dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: as the caller promised; the copy is ordered on the stream.
+        unsafe { self.inner.driver.copy_dtod(dst, src, bytes) }
     }
 
     /// Copies the first `n` elements of `buf` to the host (waits for the
@@ -278,10 +274,8 @@ impl CudaContext {
             d.log = Some(self.alloc(DEFERRED_SLOTS * 4)?);
         }
         let slot = d.log.as_ref().expect("allocated above").ptr() + 4 * d.labels.len() as u64;
-        self.bind()?;
         // SAFETY: `slot` is inside the log and `amax` is a live f32 on this stream.
-        unsafe { dresult::memcpy_dtod_async(slot, amax, 4, self.inner.stream.cu_stream()) }
-            .map_err(driver_err("cuMemcpyDtoDAsync"))?;
+        unsafe { self.copy_dtod(slot, amax, 4) }?;
         d.labels.push(label);
         Ok(())
     }
@@ -330,9 +324,10 @@ impl CudaContext {
             self.bind()?;
             // SAFETY: out has room for n elements; we synchronize before reading it.
             unsafe {
-                dresult::memcpy_dtoh_async(&mut out, buf.ptr(), self.inner.stream.cu_stream())
-            }
-            .map_err(driver_err("cuMemcpyDtoHAsync"))?;
+                self.inner
+                    .driver
+                    .copy_dtoh(out.as_mut_ptr() as *mut u8, buf.ptr(), bytes)
+            }?;
         }
         self.synchronize()?;
         Ok(out)
@@ -340,89 +335,124 @@ impl CudaContext {
 
     /// Waits for all work queued on the stream.
     pub fn synchronize(&self) -> Result<()> {
-        self.inner
-            .stream
-            .synchronize()
-            .map_err(driver_err("cuStreamSynchronize"))
+        self.inner.driver.stream_synchronize()
     }
 
     pub(crate) fn bind(&self) -> Result<()> {
-        self.inner
-            .ctx
-            .bind_to_thread()
-            .map_err(driver_err("cuCtxSetCurrent"))
+        self.inner.driver.bind()
     }
 
-    /// The virtual architecture kernels are compiled for, e.g. `compute_90`.
+    /// The architecture kernels are compiled for: `compute_90` (NVRTC's
+    /// virtual architecture) or `gfx942` (the part of HIP's `gcnArchName`
+    /// before the first `:`).
     pub fn arch(&self) -> String {
-        let (ma, mi) = self.inner.info.compute_capability;
-        format!("compute_{ma}{mi}")
+        let info = &self.inner.info;
+        match info.platform {
+            Platform::Cuda => {
+                let (ma, mi) = info.compute_capability;
+                format!("compute_{ma}{mi}")
+            }
+            Platform::Hip => info.arch.split(':').next().unwrap_or("").to_string(),
+        }
     }
 
     /// Kernel `name` of `src`: compiled once per process, loaded once per context.
-    pub(crate) fn function(&self, src: &KernelSource, name: &'static str) -> Result<CudaFunction> {
+    pub(crate) fn function(&self, src: &KernelSource, name: &'static str) -> Result<GpuFunction> {
         if let Some(f) = lock(&self.inner.functions).get(name) {
             return Ok(f.clone());
         }
         let module = {
             let mut modules = lock(&self.inner.modules);
             match modules.get(src.name) {
-                Some(m) => m.clone(),
+                Some(m) => *m,
                 None => {
-                    let ptx = nvrtc::ptx_for(src, &self.arch(), &self.inner.info.include_dirs)?;
-                    let m = self
-                        .inner
-                        .ctx
-                        .load_module(ptx)
-                        .map_err(driver_err(format!("cuModuleLoadData({})", src.name)))?;
-                    modules.insert(src.name, m.clone());
+                    let m = self.inner.driver.load_module(src)?;
+                    modules.insert(src.name, m);
                     m
                 }
             }
         };
-        let f = module
-            .load_function(name)
-            .map_err(driver_err(format!("cuModuleGetFunction({name})")))?;
+        // SAFETY: a module this context loaded and keeps loaded.
+        let raw = unsafe { self.inner.driver.function(module, name) }?;
+        let f = GpuFunction {
+            raw,
+            driver: self.inner.driver.clone(),
+        };
         lock(&self.inner.functions).insert(name, f.clone());
         Ok(f)
     }
 
+    /// Launches `f` (kernel `name`) with one pointer per argument; what
+    /// `launch_kernel!` expands to. A failure names the kernel.
+    ///
+    /// # Safety
+    /// `args` must point at live values of the kernel's parameter types, and
+    /// the buffers they name must be large enough for the launch.
+    pub(crate) unsafe fn launch(
+        &self,
+        f: &GpuFunction,
+        name: &str,
+        cfg: LaunchConfig,
+        args: &mut [*mut std::ffi::c_void],
+    ) -> Result<()> {
+        // SAFETY: as the caller promised; f belongs to this context's driver.
+        unsafe { self.inner.driver.launch(f.raw, &cfg, args) }.map_err(|e| match e {
+            CudaError::Driver { err, .. } => CudaError::Driver {
+                op: format!("launch {name}"),
+                err,
+            },
+            other => other,
+        })
+    }
+
     /// Starts a timer: events recorded on the stream around queued work.
     pub fn timer(&self) -> Result<GpuTimer> {
-        let ev = || {
-            self.inner
-                .ctx
-                .new_event(Some(dsys::CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(driver_err("cuEventCreate"))
-        };
-        let (start, end) = (ev()?, ev()?);
-        start
-            .record(&self.inner.stream)
-            .map_err(driver_err("cuEventRecord"))?;
-        Ok(GpuTimer {
+        let drv = &self.inner.driver;
+        let start = drv.event_create(true)?;
+        let end = drv.event_create(true).inspect_err(|_| {
+            // SAFETY: created above, used nowhere else.
+            unsafe { drv.event_destroy(start) }
+        })?;
+        let timer = GpuTimer {
             start,
             end,
-            stream: self.inner.stream.clone(),
-        })
+            driver: drv.clone(),
+        };
+        // SAFETY: the timer's own live event.
+        unsafe { drv.event_record(timer.start) }?;
+        Ok(timer)
     }
 }
 
 /// Two events around a stretch of stream work.
 pub struct GpuTimer {
-    start: driver::CudaEvent,
-    end: driver::CudaEvent,
-    stream: Arc<CudaStream>,
+    start: Handle,
+    end: Handle,
+    driver: Arc<dyn Driver>,
 }
+
+// SAFETY: the events are owned by the timer and used by one thread at a time.
+unsafe impl Send for GpuTimer {}
 
 impl GpuTimer {
     /// Milliseconds of stream time since the timer started (waits for the work).
     pub fn stop_ms(self) -> Result<f32> {
-        self.end
-            .record(&self.stream)
-            .map_err(driver_err("cuEventRecord"))?;
-        self.start
-            .elapsed_ms(&self.end)
-            .map_err(driver_err("cuEventElapsedTime"))
+        self.driver.bind()?;
+        // SAFETY: the timer's own live events, both recorded on the stream.
+        unsafe {
+            self.driver.event_record(self.end)?;
+            self.driver.event_elapsed_ms(self.start, self.end)
+        }
+    }
+}
+
+impl Drop for GpuTimer {
+    fn drop(&mut self) {
+        // SAFETY: the timer's own events, destroyed once.
+        unsafe {
+            self.driver.event_destroy(self.start);
+            self.driver.event_destroy(self.end);
+        }
     }
 }
 
@@ -454,69 +484,4 @@ fn quietly<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
             .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
             .unwrap_or_else(|| "unknown panic".into())
     })
-}
-
-/// Checks that the driver, NVRTC and cuBLASLt libraries can be opened,
-/// before cudarc's loader (which panics) is asked for them.
-fn check_libraries() -> Result<()> {
-    // SAFETY: each probe only dlopens and closes the candidate names.
-    let probes: [(&str, &str, bool); 3] = unsafe {
-        [
-            ("cuda", "CUDA driver", dsys::is_culib_present()),
-            ("nvrtc", "NVRTC", cudarc::nvrtc::sys::is_culib_present()),
-            (
-                "cublasLt",
-                "cuBLASLt",
-                cudarc::cublaslt::sys::is_culib_present(),
-            ),
-        ]
-    };
-    let missing: Vec<String> = probes
-        .iter()
-        .filter(|(_, _, present)| !present)
-        .map(|(lib, what, _)| {
-            let names = cudarc::get_lib_name_candidates(lib);
-            let so: Vec<&String> = names
-                .iter()
-                .filter(|n| n.starts_with(&format!("lib{lib}.so")))
-                .collect();
-            format!(
-                "{what} ({}{})",
-                so.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
-                if names.len() > so.len() {
-                    format!(" and {} other spellings", names.len() - so.len())
-                } else {
-                    String::new()
-                }
-            )
-        })
-        .collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    let ld = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
-    Err(CudaError::Unavailable(format!(
-        "could not load {}; searched LD_LIBRARY_PATH={} and the system library paths (ld.so.cache, /lib, /usr/lib); install the NVIDIA driver and CUDA 13 libraries or add their lib directories to LD_LIBRARY_PATH",
-        missing.join("; "),
-        if ld.is_empty() { "(unset)" } else { ld.as_str() }
-    )))
-}
-
-/// Paths of the mapped shared objects whose file name starts with one of `prefixes`.
-fn loaded_libraries(prefixes: &[&str]) -> Vec<PathBuf> {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    let mut out: Vec<PathBuf> = Vec::new();
-    for line in maps.lines() {
-        let Some(path) = line.split_whitespace().nth(5) else {
-            continue;
-        };
-        let p = PathBuf::from(path);
-        let Some(file) = p.file_name().and_then(|f| f.to_str()) else {
-            continue;
-        };
-        if prefixes.iter().any(|pre| file.starts_with(pre)) && !out.contains(&p) {
-            out.push(p);
-        }
-    }
-    out
 }

@@ -1,6 +1,11 @@
-//! cuBLASLt GEMMs: `y[M, N] = a[M, K] · b[N, K]^T` with f32 accumulation,
-//! for f32, BF16 and FP8 operands (FP8 with per-tensor scales), optionally
-//! strided-batched and with a bias added in the epilogue.
+//! GEMMs through cuBLASLt or hipBLASLt (`BlasLib` of `blas_lib.rs`:
+//! `cublaslt.rs`, `rocm/blas.rs`): `y[M, N] = a[M, K] · b[N, K]^T` with
+//! f32 accumulation, for f32, BF16 and FP8 operands (FP8 with per-tensor
+//! scales; on HIP also the FNUZ formats and MX codes with E8M0 block
+//! scales), optionally strided-batched and with a bias added in the
+//! epilogue. The validation, the column-major view (`LtShape`) and the
+//! plan cache are shared; the cuBLAS wording below holds for hipBLASLt,
+//! whose API mirrors it.
 //!
 //! Row-major `y = a · b^T` is, in cuBLAS's column-major terms,
 //! `y^T[N, M] = op(A) · op(B)` with A = b, B = a and D = y^T (ld = y's row
@@ -43,9 +48,8 @@
 use std::collections::HashMap;
 use std::ffi::c_void;
 
-use cudarc::cublaslt::result::{self as lt, CublasError};
-use cudarc::cublaslt::sys;
-
+use super::blas_lib::{BlasLib, LtLayout, LtShape, MatmulArgs, Plan, Pointers};
+use super::nvrtc::Platform;
 use super::{CudaContext, CudaError, DevBuf, Result};
 
 /// cuBLASLt workspace: 32 MiB, NVIDIA's recommendation for Hopper and later.
@@ -62,38 +66,72 @@ pub enum GemmDType {
     Fp8E4M3,
     /// OCP FP8 E5M2 codes, 1 byte.
     Fp8E5M2,
+    /// FP8 E4M3FNUZ codes, 1 byte (hipBLASLt on gfx942 only).
+    Fp8E4M3Fnuz,
+    /// FP8 E5M2FNUZ codes, 1 byte (hipBLASLt on gfx942 only).
+    Fp8E5M2Fnuz,
+    /// MX E2M1 codes, two per byte (element 2i in the low nibble), with an
+    /// E8M0 scale per 32 along K (hipBLASLt on gfx950 only).
+    MxE2M1,
+    /// MX E4M3FN codes, 1 byte, with E8M0 block scales (gfx950 only).
+    MxE4M3,
+    /// MX E5M2 codes, 1 byte, with E8M0 block scales (gfx950 only).
+    MxE5M2,
 }
 
 impl GemmDType {
-    /// Bytes per element.
-    pub fn size_in_bytes(self) -> usize {
+    /// Bits per element.
+    pub fn bits(self) -> usize {
         match self {
-            GemmDType::F32 => 4,
-            GemmDType::Bf16 => 2,
-            GemmDType::Fp8E4M3 | GemmDType::Fp8E5M2 => 1,
+            GemmDType::F32 => 32,
+            GemmDType::Bf16 => 16,
+            GemmDType::MxE2M1 => 4,
+            _ => 8,
         }
     }
 
-    /// Whether the type is one of the FP8 codes, which need a scale pointer.
+    /// Bytes of `elems` elements (whole bytes: E2M1 offsets are even).
+    pub fn bytes(self, elems: usize) -> usize {
+        elems * self.bits() / 8
+    }
+
+    /// Whether the type is one of the FP8 codes with a per-tensor scale,
+    /// which need a scale pointer.
     pub fn is_fp8(self) -> bool {
-        matches!(self, GemmDType::Fp8E4M3 | GemmDType::Fp8E5M2)
+        matches!(
+            self,
+            GemmDType::Fp8E4M3
+                | GemmDType::Fp8E5M2
+                | GemmDType::Fp8E4M3Fnuz
+                | GemmDType::Fp8E5M2Fnuz
+        )
     }
 
-    fn cuda(self) -> sys::cudaDataType {
-        match self {
-            GemmDType::F32 => sys::cudaDataType::CUDA_R_32F,
-            GemmDType::Bf16 => sys::cudaDataType::CUDA_R_16BF,
-            GemmDType::Fp8E4M3 => sys::cudaDataType::CUDA_R_8F_E4M3,
-            GemmDType::Fp8E5M2 => sys::cudaDataType::CUDA_R_8F_E5M2,
-        }
+    /// Whether the type is MX codes, whose scale pointer is the E8M0 block
+    /// scales (`[rows, K / 32]`, K-contiguous).
+    pub fn is_mx(self) -> bool {
+        matches!(
+            self,
+            GemmDType::MxE2M1 | GemmDType::MxE4M3 | GemmDType::MxE5M2
+        )
     }
 
-    fn name(self) -> &'static str {
+    /// Whether the operand needs a scale pointer (FP8 or MX).
+    pub fn is_scaled(self) -> bool {
+        self.is_fp8() || self.is_mx()
+    }
+
+    pub(crate) fn name(self) -> &'static str {
         match self {
             GemmDType::F32 => "f32",
             GemmDType::Bf16 => "bf16",
             GemmDType::Fp8E4M3 => "e4m3",
             GemmDType::Fp8E5M2 => "e5m2",
+            GemmDType::Fp8E4M3Fnuz => "e4m3fnuz",
+            GemmDType::Fp8E5M2Fnuz => "e5m2fnuz",
+            GemmDType::MxE2M1 => "mx-e2m1",
+            GemmDType::MxE4M3 => "mx-e4m3",
+            GemmDType::MxE5M2 => "mx-e5m2",
         }
     }
 }
@@ -144,7 +182,7 @@ impl MatLayout {
 /// algorithm for an f32 bias with FP8 operands or with a BF16 output; BF16
 /// operands with an f32 output work.
 pub fn fuses_f32_bias(operands: GemmDType, out: GemmDType) -> bool {
-    !operands.is_fp8() && out == GemmDType::F32
+    !operands.is_scaled() && out == GemmDType::F32
 }
 
 /// A bias of N values (f32 in our models: the master weights), added to
@@ -214,129 +252,102 @@ impl GemmSpec<'_> {
 
 /// Everything the descriptors and the chosen algorithm depend on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct PlanKey {
+pub(crate) struct PlanKey {
     m: usize,
     n: usize,
     k: usize,
     batch: usize,
-    dtypes: [GemmDType; 3],
+    /// a, b and y.
+    pub(crate) dtypes: [GemmDType; 3],
     /// a, b and y with `offset_elems` zeroed (and batch strides when batch = 1).
     layouts: [MatLayout; 3],
     /// Byte alignment of every matrix start of a, b and y.
     align: [u32; 3],
-    bias: Option<GemmDType>,
+    pub(crate) bias: Option<GemmDType>,
 }
 
-/// Descriptors and the chosen algorithm of one [`PlanKey`].
-struct Plan {
-    desc: sys::cublasLtMatmulDesc_t,
-    a_layout: sys::cublasLtMatrixLayout_t,
-    b_layout: sys::cublasLtMatrixLayout_t,
-    d_layout: sys::cublasLtMatrixLayout_t,
-    algo: sys::cublasLtMatmulAlgo_t,
-}
-
-impl Drop for Plan {
-    fn drop(&mut self) {
-        // SAFETY: each handle was created once by this plan and is destroyed once.
-        unsafe {
-            for l in [self.d_layout, self.b_layout, self.a_layout] {
-                if !l.is_null() {
-                    let _ = lt::destroy_matrix_layout(l);
-                }
-            }
-            let _ = lt::destroy_matmul_desc(self.desc);
+impl PlanKey {
+    /// The column-major view of the call: an untransposed operand is K x rows.
+    pub(crate) fn lt_shape(&self) -> LtShape {
+        let key = self;
+        let [ta, tb, tout] = key.dtypes;
+        let [la, lb, ly] = key.layouts;
+        let (m, n, k) = (key.m, key.n, key.k);
+        let view = |t, rows: usize, cols: usize, l: &MatLayout| LtLayout {
+            dtype: t,
+            rows: rows as u64,
+            cols: cols as u64,
+            ld: l.ld as i64,
+            batch_stride: l.batch_stride as i64,
+        };
+        let [align_a, align_b, align_y] = key.align;
+        LtShape {
+            trans_a: !lb.transposed,
+            trans_b: la.transposed,
+            layouts: [
+                if lb.transposed {
+                    view(tb, n, k, &lb)
+                } else {
+                    view(tb, k, n, &lb)
+                },
+                if la.transposed {
+                    view(ta, m, k, &la)
+                } else {
+                    view(ta, k, m, &la)
+                },
+                view(tout, n, m, &ly),
+            ],
+            batch: key.batch,
+            bias: key.bias,
+            align: [align_b, align_a, align_y, align_y],
+            workspace: WORKSPACE_BYTES,
         }
     }
 }
 
-/// The cuBLASLt handle, workspace and plan cache of a context.
+/// The BLAS handle, workspace and plan cache of a context.
 pub(crate) struct Blas {
-    handle: sys::cublasLtHandle_t,
+    lib: Box<dyn BlasLib>,
     workspace: DevBuf,
     plans: HashMap<PlanKey, Plan>,
-    /// Keys cuBLASLt had no algorithm for, with the error: a caller that
+    /// Keys the library had no algorithm for, with the error: a caller that
     /// falls back on every call does not rerun the heuristic each time.
     refused: HashMap<PlanKey, String>,
 }
 
-// SAFETY: the raw handles are only used under the context's `blas` mutex.
+// SAFETY: the plans' raw handles are only used under the context's `blas` mutex.
 unsafe impl Send for Blas {}
 
 impl Drop for Blas {
     fn drop(&mut self) {
-        self.plans.clear();
-        // SAFETY: created once in `Blas::new`.
-        let _ = unsafe { lt::destroy_handle(self.handle) };
+        for (_, plan) in self.plans.drain() {
+            // SAFETY: each plan is destroyed once, before the library's handle.
+            unsafe { self.lib.destroy(&plan) };
+        }
     }
 }
 
 impl Blas {
     fn new(ctx: &CudaContext) -> Result<Blas> {
         ctx.bind()?;
-        let handle = lt::create_handle().map_err(|e| blas_err("cublasLtCreate", e))?;
+        let lib: Box<dyn BlasLib> = match ctx.platform() {
+            Platform::Cuda => Box::new(super::cublaslt::CuBlasLt::new()?),
+            #[cfg(feature = "rocm")]
+            Platform::Hip => Box::new(crate::rocm::blas::HipBlasLtLib::new(&ctx.arch())?),
+            #[cfg(not(feature = "rocm"))]
+            Platform::Hip => {
+                return Err(CudaError::Invalid(
+                    "hipBLASLt needs a build with the rocm feature".into(),
+                ))
+            }
+        };
         let workspace = ctx.alloc(WORKSPACE_BYTES)?;
         Ok(Blas {
-            handle,
+            lib,
             workspace,
             plans: HashMap::new(),
             refused: HashMap::new(),
         })
-    }
-}
-
-fn status_name(e: CublasError) -> String {
-    // SAFETY: cublasLtGetStatusName returns a static C string.
-    let name = unsafe { sys::cublasLtGetStatusName(e.0) };
-    if name.is_null() {
-        format!("{:?}", e.0)
-    } else {
-        unsafe { std::ffi::CStr::from_ptr(name) }
-            .to_string_lossy()
-            .into_owned()
-    }
-}
-
-fn blas_err(op: &str, e: CublasError) -> CudaError {
-    CudaError::Blas(format!("{op}: {}", status_name(e)))
-}
-
-fn set_desc<T>(
-    desc: sys::cublasLtMatmulDesc_t,
-    attr: sys::cublasLtMatmulDescAttributes_t,
-    v: &T,
-) -> Result<()> {
-    // SAFETY: `v` is a plain value of the type the attribute expects.
-    unsafe {
-        lt::set_matmul_desc_attribute(
-            desc,
-            attr,
-            v as *const T as *const c_void,
-            std::mem::size_of::<T>(),
-        )
-    }
-    .map_err(|e| blas_err(&format!("cublasLtMatmulDescSetAttribute({attr:?})"), e))
-}
-
-/// Device pointers set on the descriptor at every call (cuBLAS's A is our b).
-#[derive(Clone, Copy)]
-struct Pointers {
-    a_scale: u64,
-    b_scale: u64,
-    bias: u64,
-}
-
-impl Pointers {
-    fn set(&self, desc: sys::cublasLtMatmulDesc_t, key: &PlanKey) -> Result<()> {
-        use sys::cublasLtMatmulDescAttributes_t as D;
-        if key.dtypes[0].is_fp8() {
-            set_desc(desc, D::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &self.b_scale)?;
-            set_desc(desc, D::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &self.a_scale)?;
-        }
-        if key.bias.is_some() {
-            set_desc(desc, D::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &self.bias)?;
-        }
-        Ok(())
     }
 }
 
@@ -357,15 +368,16 @@ impl CudaContext {
         k: usize,
         out: GemmDType,
     ) -> Result<DevBuf> {
-        let y = self.alloc(m * n * out.size_in_bytes())?;
+        let y = self.alloc(out.bytes(m * n))?;
         self.gemm(a, b, &GemmSpec::nt(m, n, k), &y, out)?;
         Ok(y)
     }
 
     /// The general GEMM: `spec.batch` products `y = a · b^T (+ bias)` with
     /// the operands read in place as `spec` lays them out, in one cuBLASLt
-    /// call. Unsupported arguments give [`CudaError::Invalid`]; a combination
-    /// cuBLASLt has no algorithm for gives [`CudaError::Blas`] naming it.
+    /// (hipBLASLt) call. Unsupported arguments give [`CudaError::Invalid`];
+    /// a combination the library has no algorithm for gives
+    /// [`CudaError::Blas`] naming it.
     pub fn gemm(
         &self,
         a: &GemmOperand,
@@ -391,12 +403,23 @@ impl CudaContext {
             *guard = Some(Blas::new(self)?);
         }
         let blas = guard.as_mut().expect("created above");
+        if let Some(t) = [a.dtype, b.dtype, out]
+            .into_iter()
+            .find(|&t| !blas.lib.takes(t))
+        {
+            return Err(CudaError::Invalid(format!(
+                "{}: {} on this device has no {} operands",
+                what(),
+                blas.lib.name(),
+                t.name()
+            )));
+        }
         self.bind()?;
         if !blas.plans.contains_key(&key) {
             if let Some(msg) = blas.refused.get(&key) {
                 return Err(CudaError::Blas(msg.clone()));
             }
-            match make_plan(blas, &key, &ptrs) {
+            match blas.lib.plan(&key, &key.lt_shape(), &ptrs) {
                 Ok(plan) => {
                     blas.plans.insert(key, plan);
                 }
@@ -409,36 +432,25 @@ impl CudaContext {
             }
         }
         let plan = &blas.plans[&key];
-        ptrs.set(plan.desc, &key)?;
+        blas.lib.set_pointers(plan, &key, &ptrs)?;
         let at = |buf: &DevBuf, l: &MatLayout, t: GemmDType| {
-            (buf.ptr() + (l.offset_elems * t.size_in_bytes()) as u64) as *const c_void
+            (buf.ptr() + t.bytes(l.offset_elems) as u64) as *const c_void
         };
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        let d = at(y, &spec.y, out);
+        let args = MatmulArgs {
+            a: at(b.buf, &spec.b, b.dtype),
+            b: at(a.buf, &spec.a, a.dtype),
+            d: at(y, &spec.y, out),
+            workspace: blas.workspace.ptr(),
+            workspace_bytes: WORKSPACE_BYTES,
+            stream: self.stream_handle(),
+        };
         // SAFETY: the layouts describe ranges of the buffers checked by
         // `validate`; the workspace outlives the call (it is freed only with
         // the handle).
-        unsafe {
-            lt::matmul(
-                blas.handle,
-                plan.desc,
-                &alpha as *const f32 as *const c_void,
-                &beta as *const f32 as *const c_void,
-                at(b.buf, &spec.b, b.dtype),
-                plan.a_layout,
-                at(a.buf, &spec.a, a.dtype),
-                plan.b_layout,
-                d,
-                plan.d_layout,
-                d as *mut c_void,
-                plan.d_layout,
-                &plan.algo,
-                blas.workspace.ptr() as *mut c_void,
-                WORKSPACE_BYTES,
-                self.inner.stream.cu_stream() as sys::cudaStream_t,
-            )
-        }
-        .map_err(|e| CudaError::Blas(format!("{}: cublasLtMatmul: {}", what(), status_name(e))))
+        unsafe { blas.lib.matmul(plan, &args) }.map_err(|e| match e {
+            CudaError::Blas(s) => CudaError::Blas(format!("{}: {s}", what())),
+            other => other,
+        })
     }
 }
 
@@ -477,9 +489,16 @@ fn validate(
     if !matches!(out, GemmDType::F32 | GemmDType::Bf16) {
         return Err("the output must be f32 or bf16".into());
     }
-    let fp8 = a.dtype.is_fp8();
-    if fp8 != b.dtype.is_fp8() {
+    // FP8 and MX operands share the FP8 rules (scale pointers, TN only).
+    let fp8 = a.dtype.is_scaled();
+    if fp8 != b.dtype.is_scaled() {
         return Err("both operands must be FP8, or neither".into());
+    }
+    if a.dtype.is_mx() != b.dtype.is_mx() {
+        return Err("both operands must be MX block-scaled codes, or neither".into());
+    }
+    if a.dtype.is_mx() && k % 32 != 0 {
+        return Err("MX GEMMs need K to be a multiple of 32 (the block size)".into());
     }
     if !fp8 && a.dtype != b.dtype {
         return Err("non-FP8 operands must both be bf16 or both f32".into());
@@ -526,7 +545,7 @@ fn validate(
                 out.name()
             ));
         }
-        let need = n * bias.dtype.size_in_bytes();
+        let need = bias.dtype.bytes(n);
         if bias.buf.len_bytes() < need {
             return Err(format!(
                 "the bias holds {} bytes, needs {need}",
@@ -547,19 +566,23 @@ fn validate(
         if rows == 0 || cols == 0 || spec.batch == 0 {
             continue;
         }
-        let es = t.size_in_bytes();
+        if t.bits() < 8 && (l.offset_elems | l.ld | l.batch_stride | cols) % 2 != 0 {
+            return Err(format!(
+                "{name}: packed 4-bit codes need even offsets, row lengths, leading dims and batch strides"
+            ));
+        }
         let extent = l.offset_elems + (spec.batch - 1) * l.batch_stride + (rows - 1) * l.ld + cols;
-        if buf.len_bytes() < extent * es {
+        if buf.len_bytes() < t.bytes(extent) {
             return Err(format!(
                 "{name} holds {} bytes, its layout reaches {}",
                 buf.len_bytes(),
-                extent * es
+                t.bytes(extent)
             ));
         }
         if fp8 {
-            let start = buf.ptr() + (l.offset_elems * es) as u64;
+            let start = buf.ptr() + t.bytes(l.offset_elems) as u64;
             let batch_stride = if spec.batch > 1 { l.batch_stride } else { 0 };
-            let strides = ((l.ld | batch_stride) * es) as u64;
+            let strides = t.bytes(l.ld | batch_stride) as u64;
             if alignment(start, strides) < 16 {
                 return Err(format!(
                     "{name}: FP8 GEMMs need 16-byte aligned matrix starts and leading dims (offset {}, ld {}, batch stride {})",
@@ -609,10 +632,9 @@ fn plan_key(
         if batch == 1 {
             l.batch_stride = 0;
         }
-        let es = t.size_in_bytes();
         align[i] = alignment(
-            buf.ptr() + (l.offset_elems * es) as u64,
-            (l.batch_stride * es) as u64,
+            buf.ptr() + t.bytes(l.offset_elems) as u64,
+            t.bytes(l.batch_stride) as u64,
         );
         l.offset_elems = 0;
     }
@@ -628,135 +650,54 @@ fn plan_key(
     }
 }
 
-fn make_plan(blas: &Blas, key: &PlanKey, ptrs: &Pointers) -> Result<Plan> {
-    use sys::cublasLtMatmulDescAttributes_t as D;
-    use sys::cublasLtMatmulPreferenceAttributes_t as P;
-    use sys::cublasLtMatrixLayoutAttribute_t as L;
-    let desc = lt::create_matmul_desc(
-        sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-        sys::cudaDataType::CUDA_R_32F,
-    )
-    .map_err(|e| blas_err("cublasLtMatmulDescCreate", e))?;
-    // Build the plan as we go so that a failure drops what was created.
-    let mut plan = Plan {
-        desc,
-        a_layout: std::ptr::null_mut(),
-        b_layout: std::ptr::null_mut(),
-        d_layout: std::ptr::null_mut(),
-        algo: unsafe { std::mem::zeroed() },
-    };
-    let [ta, tb, tout] = key.dtypes;
-    let [la, lb, ly] = key.layouts;
-    // cublasOperation_t: 0 = N, 1 = T. cuBLAS's A is our b, its B our a.
-    set_desc(
-        plan.desc,
-        D::CUBLASLT_MATMUL_DESC_TRANSA,
-        &i32::from(!lb.transposed),
-    )?;
-    set_desc(
-        plan.desc,
-        D::CUBLASLT_MATMUL_DESC_TRANSB,
-        &i32::from(la.transposed),
-    )?;
-    if let Some(bias) = key.bias {
-        let epilogue = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS as u32;
-        set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue)?;
-        set_desc(
-            plan.desc,
-            D::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-            &(bias.cuda() as i32),
-        )?;
-    }
-    ptrs.set(plan.desc, key)?;
-    let layout = |t: GemmDType,
-                  rows: usize,
-                  cols: usize,
-                  l: &MatLayout|
-     -> Result<sys::cublasLtMatrixLayout_t> {
-        let h = lt::create_matrix_layout(t.cuda(), rows as u64, cols as u64, l.ld as i64)
-            .map_err(|e| blas_err("cublasLtMatrixLayoutCreate", e))?;
-        if key.batch > 1 {
-            let set = |attr, v: *const c_void, size| {
-                // SAFETY: `v` points to a value of the attribute's type.
-                unsafe { lt::set_matrix_layout_attribute(h, attr, v, size) }
-            };
-            let count = key.batch as i32;
-            let stride = l.batch_stride as i64;
-            let r = set(
-                L::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
-                &count as *const i32 as *const c_void,
-                4,
-            )
-            .and_then(|_| {
-                set(
-                    L::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                    &stride as *const i64 as *const c_void,
-                    8,
-                )
-            });
-            if let Err(e) = r {
-                // SAFETY: created above, not stored anywhere.
-                let _ = unsafe { lt::destroy_matrix_layout(h) };
-                return Err(blas_err("cublasLtMatrixLayoutSetAttribute(batch)", e));
-            }
-        }
-        Ok(h)
-    };
-    // Column-major views: an untransposed operand is K x rows.
-    let (m, n, k) = (key.m, key.n, key.k);
-    plan.a_layout = if lb.transposed {
-        layout(tb, n, k, &lb)?
-    } else {
-        layout(tb, k, n, &lb)?
-    };
-    plan.b_layout = if la.transposed {
-        layout(ta, m, k, &la)?
-    } else {
-        layout(ta, k, m, &la)?
-    };
-    plan.d_layout = layout(tout, n, m, &ly)?;
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    let pref =
-        lt::create_matmul_pref().map_err(|e| blas_err("cublasLtMatmulPreferenceCreate", e))?;
-    let ws = WORKSPACE_BYTES as u64;
-    let set_pref = |attr, v: *const c_void, size| {
-        // SAFETY: `v` points to a value of the attribute's type.
-        unsafe { lt::set_matmul_pref_attribute(pref, attr, v, size) }
-    };
-    let mut set = set_pref(
-        P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-        &ws as *const u64 as *const c_void,
-        8,
-    );
-    let [align_a, align_b, align_y] = key.align;
-    for (attr, v) in [
-        (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_b),
-        (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_a),
-        (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_y),
-        (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_y),
-    ] {
-        set = set.and_then(|_| set_pref(attr, &v as *const u32 as *const c_void, 4));
+    fn key(a_t: bool, b_t: bool) -> PlanKey {
+        let l = |ld, transposed| MatLayout {
+            offset_elems: 0,
+            ld,
+            batch_stride: 0,
+            transposed,
+        };
+        PlanKey {
+            m: 32,
+            n: 48,
+            k: 64,
+            batch: 1,
+            dtypes: [GemmDType::Bf16, GemmDType::Bf16, GemmDType::F32],
+            layouts: [
+                l(if a_t { 32 } else { 64 }, a_t),
+                l(if b_t { 48 } else { 64 }, b_t),
+                l(48, false),
+            ],
+            align: [16, 32, 256],
+            bias: None,
+        }
     }
-    // SAFETY: every handle is live; C and D share a layout (beta = 0).
-    let heur = set.and_then(|_| unsafe {
-        lt::get_matmul_algo_heuristic(
-            blas.handle,
-            plan.desc,
-            plan.a_layout,
-            plan.b_layout,
-            plan.d_layout,
-            plan.d_layout,
-            pref,
-        )
-    });
-    // SAFETY: created above, destroyed once.
-    let _ = unsafe { lt::destroy_matmul_pref(pref) };
-    let heur = heur.map_err(|e| {
-        blas_err(
-            "cublasLtMatmulAlgoGetHeuristic (no algorithm for this combination)",
-            e,
-        )
-    })?;
-    plan.algo = heur.algo;
-    Ok(plan)
+
+    /// The library's A is our b, its B our a, its D our y transposed; the
+    /// "TN" layout of two K-contiguous operands; alignments follow the swap.
+    #[test]
+    fn the_column_major_view_swaps_the_operands() {
+        let s = key(false, false).lt_shape();
+        assert!(s.trans_a && !s.trans_b, "TN");
+        let dims = s.layouts.map(|l| (l.rows, l.cols, l.ld));
+        assert_eq!(dims, [(64, 48, 64), (64, 32, 64), (48, 32, 48)]);
+        assert_eq!(s.align, [32, 16, 256, 256]);
+        let t = key(true, true).lt_shape();
+        assert!(!t.trans_a && t.trans_b);
+        let dims = t.layouts.map(|l| (l.rows, l.cols, l.ld));
+        assert_eq!(dims, [(48, 64, 48), (32, 64, 32), (48, 32, 48)]);
+    }
+
+    #[test]
+    fn packed_fp4_counts_half_bytes() {
+        assert_eq!(GemmDType::MxE2M1.bytes(64), 32);
+        assert_eq!(GemmDType::Fp8E4M3Fnuz.bytes(64), 64);
+        assert_eq!(GemmDType::Bf16.bytes(3), 6);
+        assert!(GemmDType::MxE2M1.is_scaled() && !GemmDType::MxE2M1.is_fp8());
+        assert!(GemmDType::Fp8E5M2Fnuz.is_fp8());
+    }
 }

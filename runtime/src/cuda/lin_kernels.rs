@@ -7,8 +7,9 @@
 use cudarc::driver::LaunchConfig;
 
 use super::gemm::{fuses_f32_bias, GemmBias, GemmSpec, MatLayout};
-use super::nvrtc::{launch_kernel, KernelSource};
+use super::nvrtc::{launch_kernel, KernelSource, Platform};
 use super::{CudaContext, CudaError, DevBuf, GemmDType, GemmOperand, Result};
+use crate::backend::Format;
 use crate::formats::ElemFormat;
 use crate::DType;
 
@@ -93,6 +94,30 @@ fn fp8_dtype(elem: ElemFormat) -> GemmDType {
         GemmDType::Fp8E5M2
     } else {
         GemmDType::Fp8E4M3
+    }
+}
+
+/// The operand types of the platform's native GEMM for the quantized
+/// formats `a` x `b`: cuBLASLt FP8 where [`cublas_fp8`] takes the pair on
+/// CUDA, `rocm::gemm_path`'s choice on HIP; `None` decodes to BF16.
+pub(super) fn native_types(
+    ctx: &CudaContext,
+    a: &Format,
+    b: &Format,
+) -> Option<(GemmDType, GemmDType)> {
+    match ctx.platform() {
+        Platform::Cuda => match (a, b) {
+            (Format::Tensorwise { elem: fa, .. }, Format::Tensorwise { elem: fb, .. })
+                if cublas_fp8(*fa, *fb) =>
+            {
+                Some((fp8_dtype(*fa), fp8_dtype(*fb)))
+            }
+            _ => None,
+        },
+        #[cfg(feature = "rocm")]
+        Platform::Hip => crate::rocm::blas::native_types(&ctx.info().arch, a, b),
+        #[cfg(not(feature = "rocm"))]
+        Platform::Hip => None,
     }
 }
 
@@ -384,7 +409,7 @@ impl<'a> Operand<'a> {
     }
 
     /// FP8 codes `[rows, ld]` with their scale_inv pointer.
-    fn fp8(buf: &'a DevBuf, dtype: GemmDType, ld: usize, scale_inv: u64) -> Self {
+    pub(super) fn fp8(buf: &'a DevBuf, dtype: GemmDType, ld: usize, scale_inv: u64) -> Self {
         let mut o = Operand::rows(buf, dtype, ld);
         o.op.scale_inv = Some(scale_inv);
         o
@@ -402,10 +427,11 @@ impl<'a> Operand<'a> {
 
 impl CudaContext {
     /// A GEMM of tensorwise FP8 codes `a[m, k]`, `b[n, k]`, zero-padded to
-    /// multiples of 16, with their scale_inv pointers: cuBLASLt FP8 where it
-    /// takes the formats ([`cublas_fp8`]); otherwise (the FNUZ formats, which
-    /// NVIDIA lacks) the codes decoded exactly to BF16, a BF16 GEMM and both
-    /// scales applied after it.
+    /// multiples of 16, with their scale_inv pointers: the BLAS library's FP8
+    /// GEMM where it takes the formats ([`native_types`]: on CUDA the OCP
+    /// formats, on gfx942 the FNUZ ones, on gfx950 the OCP ones); otherwise
+    /// the codes decoded exactly to BF16, a BF16 GEMM and both scales
+    /// applied after it.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn lin_fp8_gemm(
         &self,
@@ -418,10 +444,11 @@ impl CudaContext {
         out: Out,
     ) -> Result<DevBuf> {
         let GemmShape { m, n, k } = g;
-        if cublas_fp8(fa, fb) {
+        let tensorwise = |elem| Format::Tensorwise { elem, pow2: false };
+        if let Some((ta, tb)) = native_types(self, &tensorwise(fa), &tensorwise(fb)) {
             return self.lin_gemm(
-                &Operand::fp8(a.0, fp8_dtype(fa), k, a.1),
-                &Operand::fp8(b.0, fp8_dtype(fb), k, b.1),
+                &Operand::fp8(a.0, ta, k, a.1),
+                &Operand::fp8(b.0, tb, k, b.1),
                 g,
                 post,
                 out,

@@ -32,7 +32,11 @@
 pub(crate) mod adamw;
 pub mod alloc;
 mod attention;
+pub(crate) mod blas_lib;
 pub mod context;
+mod cublaslt;
+mod cuda_driver;
+pub(crate) mod driver;
 pub mod gemm;
 pub mod lin_kernels;
 pub mod mx_tile;
@@ -44,7 +48,7 @@ mod staging;
 pub mod storage;
 
 pub use alloc::{DevBuf, PoolStats};
-pub use context::{CudaContext, DeviceInfo, GpuTimer};
+pub use context::{CudaContext, DeviceInfo, GpuFunction, GpuTimer};
 pub use gemm::{GemmDType, GemmOperand};
 pub use lin_kernels::bias_fallbacks;
 pub use operand::CudaOperand;
@@ -77,7 +81,10 @@ pub enum CudaError {
     /// No usable GPU, driver or library: what was looked for and where.
     #[error("CUDA backend unavailable: {0}")]
     Unavailable(String),
-    /// A CUDA driver call failed.
+    /// No usable ROCm library or AMD GPU: the rocm module's one line.
+    #[error("{0}")]
+    RocmUnavailable(String),
+    /// A CUDA driver (or HIP runtime) call failed.
     #[error("CUDA driver error in {op}: {err}")]
     Driver {
         /// The driver call that failed, e.g. `cuMemAlloc`.

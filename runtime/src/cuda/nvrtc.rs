@@ -38,7 +38,8 @@ pub const COMMON: &str = include_str!("../../kernels/common.cuh");
 pub enum Platform {
     /// NVIDIA, compiled by NVRTC: what the backend runs.
     Cuda,
-    /// AMD (HIP), compile-checked only by `.ci/rocm-kernels`.
+    /// AMD (HIP), compiled by hiprtc for the device (`rocm::driver`) and
+    /// compile-checked by `.ci/rocm-kernels`.
     Hip,
 }
 
@@ -95,35 +96,43 @@ pub fn all_sources() -> [KernelSource; 7] {
 pub fn all_sources_for(platform: Platform) -> Vec<KernelSource> {
     all_sources()
         .into_iter()
-        .map(|src| match platform {
-            Platform::Cuda => src,
-            Platform::Hip if src.body == super::attention::ATTENTION.body => {
-                super::attention::ATTENTION_HIP
-            }
-            Platform::Hip => src,
-        })
+        .map(|src| source_for(src, platform))
         .collect()
+}
+
+/// Module `src` as assembled for `platform` (see [`all_sources_for`]).
+pub fn source_for(src: KernelSource, platform: Platform) -> KernelSource {
+    match platform {
+        Platform::Hip if src.body == super::attention::ATTENTION.body => {
+            super::attention::ATTENTION_HIP
+        }
+        _ => src,
+    }
 }
 
 /// Launches kernel `$name` of source `$src` on `$ctx`'s stream with the
 /// arguments given by reference, as a `Result<(), CudaError>` whose error
 /// names the kernel. One place for the unsafe launch of every backend kernel.
+/// The arguments become one `void**` array of pointers to the values
+/// ([`super::driver::kernel_arg`]), built in the same expression as the
+/// launch so that every temporary outlives the call; CUDA and HIP take it alike.
 macro_rules! launch_kernel {
     ($ctx:expr, $src:expr, $name:expr, $cfg:expr, $($arg:expr),+ $(,)?) => {
         (|| -> $crate::cuda::Result<()> {
-            use ::cudarc::driver::PushKernelArg as _;
             let ctx: &$crate::cuda::CudaContext = $ctx;
             let name: &'static str = $name;
             let f = ctx.function($src, name)?;
-            ctx.bind()?;
-            let mut b = ctx.stream().launch_builder(&f);
-            $( b.arg($arg); )+
             // SAFETY: every call site passes the argument types of the
             // kernel's signature and buffers large enough for the launch (the
             // pool's 256-byte alignment covers the kernels' 16-byte accesses).
-            unsafe { b.launch($cfg) }
-                .map(|_| ())
-                .map_err($crate::cuda::driver_err(format!("launch {name}")))
+            unsafe {
+                ctx.launch(
+                    &f,
+                    name,
+                    $cfg,
+                    &mut [$($crate::cuda::driver::kernel_arg($arg)),+],
+                )
+            }
         })()
     };
 }
@@ -243,4 +252,25 @@ pub fn include_dirs(loaded_libs: &[PathBuf]) -> Vec<PathBuf> {
         .map(|d| d.canonicalize().unwrap_or(d))
         .into_iter()
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// HIP swaps in the attention module's HIP shim and nothing else.
+    #[test]
+    fn only_attention_is_assembled_differently_for_hip() {
+        for src in all_sources() {
+            let hip = source_for(src, Platform::Hip);
+            assert_eq!(hip.name, src.name);
+            assert_eq!(
+                hip.body == src.body,
+                src.name != "attention.cu",
+                "{}",
+                src.name
+            );
+            assert_eq!(source_for(src, Platform::Cuda).body, src.body);
+        }
+    }
 }

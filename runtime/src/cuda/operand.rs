@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | BF16 | a zero-padded BF16 copy, or the input read in place when it is BF16 with both sides multiples of 16; a kept copy is unpadded | cuBLASLt BF16 (an operand whose reduction axis is its first is read transposed, in place), cropped |
 //! | tensorwise FP8 | `fp8_cast_2d`: the codes and/or their transpose from one read, padded to 16; the amax check deferred | cuBLASLt FP8 with per-tensor scale pointers; the FNUZ formats, which NVIDIA lacks, decoded exactly to BF16, a BF16 GEMM and both scales after it |
-//! | MX | `mx_tile`: one pass along rows and columns, writing codes (kept) or the dequantized BF16 operand | BF16 GEMM of the dequantized blocks (Hopper has no FP4 MMA); kept codes dequantized first |
+//! | MX | `mx_tile`: one pass along rows and columns, writing codes (kept, or where the device multiplies them: gfx950) or the dequantized BF16 operand | the block-scaled GEMM of the codes where the device has one (gfx950, hipBLASLt `VEC32_UE8M0`); else BF16 GEMM of the dequantized blocks (Hopper has no FP4 MMA), codes dequantized first |
 //!
 //! The bias goes into the GEMM's epilogue where cuBLASLt fuses an f32 bias,
 //! else into `lin_epilogue`; column sums are `lin_colsum`. A non-finite FP8
@@ -13,11 +13,11 @@
 
 use std::sync::Arc;
 
-use super::lin_kernels::{act_in, act_out, r16, GemmShape, In, Operand, Out, Post};
+use super::lin_kernels::{act_in, act_out, native_types, r16, GemmShape, In, Operand, Out, Post};
 use super::storage::backend_err;
 use super::MxDevice;
 use super::{CudaContext, CudaDevice, CudaError, CudaStorage, DequantLayout, DevBuf, GemmDType};
-use crate::backend::{Along, BackendStorage, LinearBackend, Quantized, Request};
+use crate::backend::{Along, BackendStorage, Format, LinearBackend, Quantized, Request};
 use crate::cpu::CpuOperand;
 use crate::formats::ElemFormat;
 use crate::quant::{Fp8Tensor, MxTensor};
@@ -95,10 +95,12 @@ pub enum CudaOperand<'a> {
         /// Reduction length, padded to a multiple of 32.
         padded_len: usize,
     },
-    /// MX codes and scales along the reduction axis (kept).
+    /// MX codes and scales along the reduction axis (kept, or for a
+    /// device that multiplies them).
     Mx {
-        /// The codes and E8M0 scales, axis-last.
-        q: MxDevice,
+        /// The codes and E8M0 scales, axis-last, shared by the operands of
+        /// one quantization.
+        q: Arc<MxDevice>,
         /// The GEMM's reduction axis, the axis the blocks run along.
         along: Along,
     },
@@ -288,12 +290,58 @@ fn mx_ready<'b>(
     }))
 }
 
+/// Whether the device multiplies MX codes of `cfg` natively, so that the
+/// quantizer writes codes instead of decoded BF16.
+pub(super) fn mx_codes_native(ctx: &CudaContext, cfg: &crate::quant::MxConfig) -> bool {
+    native_types(ctx, &Format::Mx(*cfg), &Format::Mx(*cfg)).is_some()
+}
+
+/// MX codes `[rows, padded_len]` as the block-scaled GEMM reads them, the
+/// E8M0 scales `[rows, padded_len / 32]` as their scale pointer.
+fn mx_codes_ready(q: &MxDevice, t: GemmDType) -> Ready<'_> {
+    Ready {
+        op: Operand::fp8(&q.codes, t, q.padded_len, q.scales.ptr()),
+        rows: q.rows,
+        true_rows: q.rows,
+        k: q.padded_len,
+    }
+}
+
+/// `a · b^T` of MX codes in the device's block-scaled GEMM, with its true
+/// `(rows, cols)`; `None` where there is none for the pair (every device
+/// but gfx950), the rows are not multiples of 16, or the library refuses
+/// the shape: the caller then decodes both to BF16.
+fn mx_native(
+    ctx: &CudaContext,
+    (qa, qb): (&MxDevice, &MxDevice),
+    (bias, out): (Option<&DevBuf>, Out),
+) -> super::Result<Option<(DevBuf, usize, usize)>> {
+    let Some((ta, tb)) = native_types(ctx, &Format::Mx(qa.config), &Format::Mx(qb.config)) else {
+        return Ok(None);
+    };
+    if !aligned(qa.rows, qb.rows) {
+        return Ok(None);
+    }
+    let (ra, rb) = (mx_codes_ready(qa, ta), mx_codes_ready(qb, tb));
+    let (g, post) = shape_of(&ra, &rb, bias)?;
+    match ctx.lin_gemm(&ra.op, &rb.op, g, post, out) {
+        Ok(y) => Ok(Some((y, qa.rows, qb.rows))),
+        Err(CudaError::Blas(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// `a · b^T` as `out`, with its true `(rows, cols)`.
 fn gemm_on(
     ctx: &CudaContext,
     (a, b): (&CudaOperand<'_>, &CudaOperand<'_>),
     (bias, out): (Option<&DevBuf>, Out),
 ) -> super::Result<(DevBuf, usize, usize)> {
+    if let (CudaOperand::Mx { q: qa, .. }, CudaOperand::Mx { q: qb, .. }) = (a, b) {
+        if let Some(y) = mx_native(ctx, (qa, qb), (bias, out))? {
+            return Ok(y);
+        }
+    }
     let (mut ta, mut tb) = (None, None);
     let (ra, rb) = match (a, b) {
         (CudaOperand::Fp8(fa), CudaOperand::Fp8(fb)) => {

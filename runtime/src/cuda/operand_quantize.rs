@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::lin_kernels::{act_in, r16, Out};
 use super::mx_tile::{MxOut, MxWant};
-use super::operand::{aligned, Bf16Matrix, Buf, CudaOperand, Fp8Matrix};
+use super::operand::{aligned, mx_codes_native, Bf16Matrix, Buf, CudaOperand, Fp8Matrix};
 use super::quantize::Fp8Outputs;
 use super::{CudaError, CudaStorage};
 use crate::backend::{Along, BackendStorage, Format, Quantized, Request, Want};
@@ -30,12 +30,12 @@ struct MxPass {
     dirs: [Option<(MxWant, Vec<usize>)>; 2],
 }
 
-/// Groups MX requests `(slot, config, along, kept)` into passes: one per
+/// Groups MX requests `(slot, config, along, codes)` into passes: one per
 /// shared setting, each direction serving every request with the same
 /// Hadamard and SR options.
 fn mx_passes(reqs: &[(usize, MxConfig, Along, bool)]) -> Vec<MxPass> {
     let mut passes: Vec<MxPass> = Vec::new();
-    for &(slot, cfg, along, keep) in reqs {
+    for &(slot, cfg, along, codes) in reqs {
         let d = (along == Along::Rows) as usize;
         let fits = |p: &MxPass| {
             mx_key(&p.cfg) == mx_key(&cfg)
@@ -66,8 +66,8 @@ fn mx_passes(reqs: &[(usize, MxConfig, Along, bool)]) -> Vec<MxPass> {
             };
             (w, Vec::new())
         });
-        w.codes |= keep;
-        w.deq |= !keep;
+        w.codes |= codes;
+        w.deq |= !codes;
         slots.push(slot);
     }
     passes
@@ -189,6 +189,8 @@ impl CudaStorage {
         out: &mut Slots<'_>,
     ) -> super::Result<()> {
         let ctx = self.device().context();
+        // Codes for every operand where the device multiplies them.
+        let native = mx_codes_native(ctx, &pass.cfg);
         let [by_row, by_col] = pass.dirs;
         let want = |d: &Option<(MxWant, Vec<usize>)>| d.as_ref().map(|(w, _)| *w);
         let (x, dtype) = (self.buffer(), self.dtype());
@@ -207,12 +209,12 @@ impl CudaStorage {
         ];
         for (dir, res, along, qrows, len) in dirs {
             let Some((_, slots)) = dir else { continue };
-            let MxOut { mut q, deq, .. } = res;
-            let deq = deq.map(Arc::new);
+            let MxOut { q, deq, .. } = res;
+            let (q, deq) = (q.map(Arc::new), deq.map(Arc::new));
             for slot in slots {
                 let missing = || CudaError::Invalid("mx_tile did not write an output".into());
-                let op = if out.is_keep(slot) {
-                    let q = q.take().ok_or_else(missing)?;
+                let op = if out.is_keep(slot) || native {
+                    let q = q.clone().ok_or_else(missing)?;
                     CudaOperand::Mx { q, along }
                 } else {
                     CudaOperand::MxDeq {
@@ -256,7 +258,10 @@ impl CudaStorage {
                 Format::Tensorwise { elem, pow2 } if !fp8.contains(&(elem, pow2)) => {
                     fp8.push((elem, pow2))
                 }
-                Format::Mx(cfg) => mx.push((i, cfg, w.along, out.is_keep(i))),
+                Format::Mx(cfg) => {
+                    let codes = out.is_keep(i) || mx_codes_native(self.device().context(), &cfg);
+                    mx.push((i, cfg, w.along, codes))
+                }
                 _ => {}
             }
         }

@@ -2,14 +2,14 @@
 //! memory makes the driver wait for the stream first (CUDA's rule for
 //! pageable copies), so every upload of a step's batch drained the GPU's
 //! queue. An upload instead copies the data into a pinned block on the
-//! host, queues `cuMemcpyHtoDAsync` from it in stream order and returns;
-//! an event recorded after the copy says when the block may be reused.
+//! host, queues `cuMemcpyHtoDAsync` (`hipMemcpyHtoDAsync`) from it in
+//! stream order and returns; an event recorded after the copy says when the
+//! block may be reused. The same blocks serve both drivers.
 
-use std::ffi::c_void;
+use std::sync::Arc;
 
-use cudarc::driver::{result as dresult, sys as dsys};
-
-use super::{driver_err, Result};
+use super::driver::{Driver, Handle};
+use super::Result;
 
 /// Smallest block: small uploads share few, reused blocks.
 const MIN_BLOCK: usize = 64 << 10;
@@ -22,15 +22,15 @@ const MAX_PINNED: usize = 512 << 20;
 struct Block {
     ptr: *mut u8,
     cap: usize,
-    event: dsys::CUevent,
+    event: Handle,
     /// A copy out of this block was queued and may not have run yet.
     pending: bool,
 }
 
 /// The pinned blocks of one context (held in a mutex by the context).
-#[derive(Default)]
 pub(super) struct Staging {
     blocks: Vec<Block>,
+    driver: Arc<dyn Driver>,
 }
 
 // SAFETY: the raw pointers are pinned host memory and an event owned by
@@ -38,38 +38,35 @@ pub(super) struct Staging {
 unsafe impl Send for Staging {}
 
 impl Staging {
-    /// Copies `bytes` bytes at `src` to device address `dst` on `stream`
+    pub(super) fn new(driver: Arc<dyn Driver>) -> Staging {
+        Staging {
+            blocks: Vec::new(),
+            driver,
+        }
+    }
+
+    /// Copies `bytes` bytes at `src` to device address `dst` on the stream
     /// through a free pinned block of its size class (a new one when every
     /// block of the class still has a copy in flight).
     ///
     /// # Safety
     /// `src` must be readable for `bytes` bytes, `dst` writable for as many,
-    /// and the context of `stream` current on this thread.
-    pub(super) unsafe fn upload(
-        &mut self,
-        dst: dsys::CUdeviceptr,
-        src: *const u8,
-        bytes: usize,
-        stream: dsys::CUstream,
-    ) -> Result<()> {
+    /// and the driver's device current on this thread.
+    pub(super) unsafe fn upload(&mut self, dst: u64, src: *const u8, bytes: usize) -> Result<()> {
         if bytes > MAX_PINNED / 4 {
             // A large one-off (a big parameter): straight from pageable memory.
             // SAFETY: as the caller promised; the driver stages the source
             // before the call returns.
-            return unsafe { dsys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, bytes, stream) }
-                .result()
-                .map_err(driver_err("cuMemcpyHtoDAsync"));
+            return unsafe { self.driver.copy_htod(dst, src, bytes) };
         }
         let i = self.free_block(bytes)?;
         let b = &mut self.blocks[i];
         // SAFETY: the block holds cap >= bytes and no copy reads it now.
         unsafe { std::ptr::copy_nonoverlapping(src, b.ptr, bytes) };
         // SAFETY: pinned source of `bytes` bytes, device destination of as many.
-        unsafe { dsys::cuMemcpyHtoDAsync_v2(dst, b.ptr as *const c_void, bytes, stream) }
-            .result()
-            .map_err(driver_err("cuMemcpyHtoDAsync"))?;
+        unsafe { self.driver.copy_htod(dst, b.ptr, bytes) }?;
         // SAFETY: our event, recorded on the same stream after the copy.
-        unsafe { dresult::event::record(b.event, stream) }.map_err(driver_err("cuEventRecord"))?;
+        unsafe { self.driver.event_record(b.event) }?;
         b.pending = true;
         Ok(())
     }
@@ -80,11 +77,13 @@ impl Staging {
     fn free_block(&mut self, bytes: usize) -> Result<usize> {
         let cap = bytes.next_power_of_two().max(MIN_BLOCK);
         let mut busy = None;
+        let drv = &*self.driver;
         for (i, b) in self.blocks.iter_mut().enumerate() {
             if b.cap != cap {
                 continue;
             }
-            if !b.pending || finished(b.event)? {
+            // SAFETY: the block's own, live event.
+            if !b.pending || unsafe { drv.event_done(b.event) }? {
                 b.pending = false;
                 return Ok(i);
             }
@@ -96,27 +95,29 @@ impl Staging {
                 // At the cap: wait for a block of this class to come free.
                 let b = &mut self.blocks[i];
                 // SAFETY: the block's own, live event.
-                unsafe { dresult::event::synchronize(b.event) }
-                    .map_err(driver_err("cuEventSynchronize"))?;
+                unsafe { drv.event_synchronize(b.event) }?;
                 b.pending = false;
                 return Ok(i);
             }
             // None of this class yet: free the idle blocks of the others.
             self.blocks.retain(|b| {
-                let idle = !b.pending || finished(b.event).unwrap_or(false);
+                // SAFETY: the block's own, live event.
+                let idle = !b.pending || unsafe { drv.event_done(b.event) }.unwrap_or(false);
                 if idle {
                     // SAFETY: no copy reads an idle block.
-                    unsafe { free(b) };
+                    unsafe { free(drv, b) };
                 }
                 !idle
             });
         }
-        // SAFETY: a plain pinned allocation, freed in `free`.
-        let ptr = unsafe { dresult::malloc_host(cap, 0) }.map_err(driver_err("cuMemHostAlloc"))?;
-        let event = dresult::event::create(dsys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-            .map_err(driver_err("cuEventCreate"))?;
+        // A plain pinned allocation, freed in `free`.
+        let ptr = drv.host_alloc(cap)?;
+        let event = drv.event_create(false).inspect_err(|_| {
+            // SAFETY: allocated above, used nowhere else.
+            unsafe { drv.host_free(ptr) }
+        })?;
         self.blocks.push(Block {
-            ptr: ptr as *mut u8,
+            ptr,
             cap,
             event,
             pending: false,
@@ -125,36 +126,26 @@ impl Staging {
     }
 }
 
-/// Whether everything before `event` on its stream has run.
-fn finished(event: dsys::CUevent) -> Result<bool> {
-    // SAFETY: a live event of this module.
-    match unsafe { dresult::event::query(event) } {
-        Ok(()) => Ok(true),
-        Err(dresult::DriverError(dsys::CUresult::CUDA_ERROR_NOT_READY)) => Ok(false),
-        Err(e) => Err(driver_err("cuEventQuery")(e)),
-    }
-}
-
 /// Destroys a block's event and frees its memory.
 ///
 /// # Safety
 /// No queued copy may still read the block.
-unsafe fn free(b: &Block) {
-    // SAFETY: our own event and pinned block. Errors here (at teardown) have
-    // nowhere to go.
+unsafe fn free(drv: &dyn Driver, b: &Block) {
+    // SAFETY: our own event and pinned block.
     unsafe {
-        let _ = dresult::event::destroy(b.event);
-        let _ = dresult::free_host(b.ptr as *mut c_void);
+        drv.event_destroy(b.event);
+        drv.host_free(b.ptr);
     }
 }
 
 impl Drop for Staging {
     fn drop(&mut self) {
+        let drv = self.driver.clone();
         for b in self.blocks.drain(..) {
             // SAFETY: the copies out of the block finish before it is freed.
             unsafe {
-                let _ = dresult::event::synchronize(b.event);
-                free(&b);
+                let _ = drv.event_synchronize(b.event);
+                free(&*drv, &b);
             }
         }
     }

@@ -19,9 +19,10 @@
 //! concat), `storage/rowwise.rs` (reductions, softmax, norms, RoPE) and
 //! `storage/matmul.rs` (cuBLASLt matmuls and the tiled fallback) the ops.
 //!
-//! One context per GPU ordinal is opened for the whole process on first use
-//! ([`CudaDevice::get`]); a failure to open it (no GPU, no library) is
-//! remembered and reported as one line.
+//! One context per GPU (`cuda:N`, or `rocm:N` over the HIP driver) is
+//! opened for the whole process on first use ([`CudaDevice::open`]); a
+//! failure to open it (no GPU, no library) is remembered and reported as
+//! one line.
 
 use crate::shape::coalesce;
 use std::collections::HashMap;
@@ -147,45 +148,65 @@ mod ops;
 
 pub use matmul::matmul_fallbacks;
 
-/// A GPU as a backend device: its ordinal and the process-wide context.
+/// A GPU as a backend device: where it is and the process-wide context.
 #[derive(Clone)]
 pub struct CudaDevice {
-    ordinal: usize,
+    location: Device,
     ctx: CudaContext,
 }
 
 impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CudaDevice({})", self.ordinal)
+        write!(f, "CudaDevice({})", self.location)
     }
 }
 
-type ContextCache = Mutex<HashMap<usize, std::result::Result<CudaContext, String>>>;
+type ContextCache = Mutex<HashMap<Device, std::result::Result<CudaContext, String>>>;
 
 impl CudaDevice {
-    /// The device of GPU `ordinal`, opening its context on first use. A
-    /// failure is remembered, so a missing GPU is looked for once.
+    /// The device of CUDA GPU `ordinal` (see [`CudaDevice::open`]).
     pub fn get(ordinal: usize) -> Result<CudaDevice> {
+        CudaDevice::open(Device::Cuda(ordinal))
+    }
+
+    /// The GPU `device` (`cuda:N`, or `rocm:N` with the `rocm` feature),
+    /// opening its context on first use. A failure is remembered, so a
+    /// missing GPU is looked for once.
+    pub fn open(device: Device) -> Result<CudaDevice> {
         static CONTEXTS: OnceLock<ContextCache> = OnceLock::new();
         let mut map = CONTEXTS
             .get_or_init(|| Mutex::new(HashMap::new()))
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let entry = map
-            .entry(ordinal)
-            .or_insert_with(|| CudaContext::new(ordinal).map_err(|e| e.to_string()));
+        let entry = map.entry(device).or_insert_with(|| {
+            let ctx = match device {
+                Device::Cuda(i) => CudaContext::new(i),
+                #[cfg(feature = "rocm")]
+                Device::Rocm(i) => CudaContext::new_rocm(i),
+                _ => {
+                    return Err(Error::DeviceUnavailable {
+                        device: device.to_string(),
+                    }
+                    .to_string())
+                }
+            };
+            ctx.map_err(|e| e.to_string())
+        });
         match entry {
             Ok(ctx) => Ok(CudaDevice {
-                ordinal,
+                location: device,
                 ctx: ctx.clone(),
             }),
             Err(msg) => Err(Error::Backend(msg.clone())),
         }
     }
 
-    /// The GPU's CUDA ordinal.
+    /// The GPU's ordinal (CUDA's or HIP's).
     pub fn ordinal(&self) -> usize {
-        self.ordinal
+        match self.location {
+            Device::Cuda(i) | Device::Rocm(i) => i,
+            Device::Cpu => unreachable!("a CudaDevice is a GPU"),
+        }
     }
 
     /// The process-wide context of this GPU (stream, pool, kernels, cuBLASLt).
@@ -214,8 +235,8 @@ impl std::fmt::Debug for CudaStorage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "CudaStorage(cuda:{}, {}, {} elements)",
-            self.device.ordinal, self.dtype, self.len
+            "CudaStorage({}, {}, {} elements)",
+            self.device.location, self.dtype, self.len
         )
     }
 }
@@ -360,7 +381,7 @@ impl BackendDevice for CudaDevice {
     type Storage = CudaStorage;
 
     fn location(&self) -> Device {
-        Device::Cuda(self.ordinal)
+        self.location
     }
 
     fn zeros(&self, shape: &Shape, dtype: DType) -> Result<CudaStorage> {

@@ -16,6 +16,12 @@ super::entry_points! {
     init = "hipInit": fn(c_uint);
     device_count = "hipGetDeviceCount": fn(*mut c_int);
     set_device = "hipSetDevice": fn(c_int);
+    // (hipDeviceProp_t out, as bytes: rocm::consts::device_prop; device)
+    // (cuDeviceGetAttribute, cuDeviceGetName, cuDeviceTotalMem).
+    device_properties = "hipGetDevicePropertiesR0600": fn(*mut c_void, c_int);
+    driver_version = "hipDriverGetVersion": fn(*mut c_int);
+    runtime_version = "hipRuntimeGetVersion": fn(*mut c_int);
+    device_synchronize = "hipDeviceSynchronize": fn();
     mem_get_info = "hipMemGetInfo": fn(*mut usize, *mut usize);
     // Memory (cuMemAlloc, cuMemFree, cuMemHostAlloc, cuMemFreeHost).
     malloc = "hipMalloc": fn(*mut *mut c_void, usize);
@@ -35,9 +41,11 @@ super::entry_points! {
     event_query = "hipEventQuery": fn(Handle);
     event_synchronize = "hipEventSynchronize": fn(Handle);
     event_destroy = "hipEventDestroy": fn(Handle);
+    event_elapsed_time = "hipEventElapsedTime": fn(*mut f32, Handle, Handle);
     // Kernels: a hiprtc code object in, a launch out (cuModuleLoadData,
     // cuModuleGetFunction, cuLaunchKernel).
     module_load_data = "hipModuleLoadData": fn(*mut Handle, *const c_void);
+    module_unload = "hipModuleUnload": fn(Handle);
     module_get_function = "hipModuleGetFunction": fn(*mut Handle, Handle, *const c_char);
     module_launch_kernel = "hipModuleLaunchKernel": fn(
         Handle, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Handle,

@@ -1,6 +1,6 @@
-//! The hipBLASLt entry points the GEMMs will call, resolved from the loaded
-//! `libhipblaslt` with their C signatures (hipBLASLt 7.1). Each mirrors the
-//! cuBLASLt call of `cuda/gemm.rs`: a handle, a matmul descriptor with the
+//! The hipBLASLt entry points the GEMMs call (`blas.rs`), resolved from the
+//! loaded `libhipblaslt` with their C signatures (hipBLASLt 7.1). Each mirrors the
+//! cuBLASLt call of `cuda/cublaslt.rs`: a handle, a matmul descriptor with the
 //! scale pointers and modes of [`super::consts`], a layout per matrix, a
 //! preference with the workspace size, the heuristic, then the matmul.
 //! `hipblasLtCreate` exits the whole process when there is no GPU, so only

@@ -1,4 +1,4 @@
-//! Kernel compilation with hiprtc, as the ROCm backend will do at run time
+//! Kernel compilation with hiprtc, as the ROCm backend does at run time (`driver.rs`)
 //! for the device's architecture: the same assembled sources as NVRTC gets
 //! (with the HIP prelude and attention shim), FMA contraction off (hiprtc
 //! contracts `a * b + c` by default, which would change the quantizers'

@@ -1,15 +1,15 @@
-//! The ROCm backend's foundation (issue 15, in progress): the HIP runtime,
-//! hiprtc and hipBLASLt found and loaded at run time, the device probe,
-//! the table of which GEMM runs on which architecture ([`gemm_path`]), the
-//! kernel compilation with hiprtc ([`hiprtc`]), the HIP runtime and
-//! hipBLASLt entry points the backend will call ([`hip`], [`hipblaslt`]) and
-//! the HIP and hipBLASLt constants ([`consts`]). Storage, kernels and GEMMs
-//! are not built yet. Opening a ROCm device therefore always ends in one
-//! line, and that line says which of the three cases it is: the libraries
-//! are missing (naming what was looked for and where), no AMD GPU is present
-//! (the probe stops at `hipGetDeviceCount` and never reaches
-//! `hipblasLtCreate`, which exits the process without a GPU), or the backend
-//! cannot run on the GPU it found yet. Nothing here has run on AMD hardware.
+//! The ROCm backend (issue 15, in progress): the HIP runtime, hiprtc and
+//! hipBLASLt found and loaded at run time, the device probe, the HIP
+//! `Driver` under the shared GPU context
+//! (`driver`: `--device rocm` runs the CUDA backend's storage and kernels
+//! over it), hipBLASLt as its BLAS library (`blas`), the table of which GEMM
+//! runs on which architecture ([`gemm_path`]), the kernel compilation with
+//! hiprtc ([`hiprtc`]), the entry points ([`hip`], [`hipblaslt`]) and the
+//! pinned constants ([`consts`]). Opening a ROCm device without the
+//! libraries or without a GPU ends in one line (naming what was looked for
+//! and where, or that HIP sees no device); the probe stops at
+//! `hipGetDeviceCount` and nothing reaches `hipblasLtCreate`, which exits the
+//! process without a GPU. Nothing here has run on AMD hardware.
 
 /// A table of a library's C entry points: a struct of typed symbols that
 /// `new` resolves (naming the first one missing) and `SYMBOLS`, their
@@ -44,7 +44,9 @@ macro_rules! entry_points {
 }
 pub(crate) use entry_points;
 
+pub(crate) mod blas;
 pub mod consts;
+pub(crate) mod driver;
 pub mod gemm_path;
 pub mod hip;
 pub mod hipblaslt;
@@ -149,6 +151,15 @@ pub fn load() -> Result<Libraries, String> {
     })
 }
 
+/// The three libraries, loaded once per process and kept loaded (the
+/// entry-point tables of the open devices borrow them).
+pub fn libraries() -> Result<&'static Libraries, String> {
+    static LIBS: std::sync::OnceLock<Result<&'static Libraries, String>> =
+        std::sync::OnceLock::new();
+    LIBS.get_or_init(|| load().map(|l| &*Box::leak(Box::new(l))))
+        .clone()
+}
+
 /// What the probe found on this machine.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Probe {
@@ -163,7 +174,7 @@ pub enum Probe {
 /// Loads the libraries and asks HIP how many devices it sees (`hipInit`,
 /// `hipGetDeviceCount`); never creates a hipBLASLt handle.
 pub fn probe() -> Probe {
-    let libs = match load() {
+    let libs = match libraries() {
         Ok(l) => l,
         Err(e) => return Probe::NoLibraries(e),
     };
@@ -192,19 +203,6 @@ fn no_device_line(rc_init: i32, rc_count: i32, paths: &[String]) -> String {
         name(rc_count),
         paths.join(", ")
     )
-}
-
-/// The one line `--device rocm:<ordinal>` ends in with this build.
-pub fn unavailable(ordinal: usize) -> String {
-    match probe() {
-        Probe::NoLibraries(line) | Probe::NoDevice(line) => line,
-        Probe::Devices(n) if ordinal >= n => {
-            format!("no ROCm device rocm:{ordinal}: HIP sees {n} device(s)")
-        }
-        Probe::Devices(_) => format!(
-            "ROCm device rocm:{ordinal} found, but this build's ROCm backend has no storage, kernels or GEMMs yet (README, ROCm); use --device cpu or --device cuda"
-        ),
-    }
 }
 
 #[cfg(test)]
@@ -242,7 +240,11 @@ mod tests {
         };
         assert!(!line.contains('\n'), "one line: {line}");
         println!("{line}");
-        assert_eq!(unavailable(0), *line);
+        // The backend's open path ends in the same line.
+        let e = crate::cuda::CudaContext::new_rocm(0)
+            .err()
+            .expect("no AMD GPU here");
+        assert_eq!(e.to_string(), *line);
     }
 
     #[test]

@@ -35,7 +35,8 @@ use crate::{DType, Device, Error, Layout, Result, Shape};
 pub enum Storage {
     /// Host memory, the reference backend.
     Cpu(CpuStorage),
-    /// An NVIDIA GPU buffer (never built without the `cuda` feature).
+    /// A GPU buffer: NVIDIA's, or AMD's over the HIP driver (never built
+    /// without the `cuda` feature).
     Cuda(CudaStorage),
 }
 
@@ -80,16 +81,16 @@ impl Storage {
     pub(crate) fn from_host(data: &CpuStorage, device: &Device) -> Result<Storage> {
         match device {
             Device::Cpu => Ok(Storage::Cpu(CpuDevice.storage_from_host(data)?)),
-            Device::Cuda(i) => Ok(Storage::Cuda(CudaDevice::get(*i)?.storage_from_host(data)?)),
-            _ => Err(unavailable(device)),
+            gpu => Ok(Storage::Cuda(
+                CudaDevice::open(*gpu)?.storage_from_host(data)?,
+            )),
         }
     }
 
     pub(crate) fn zeros(shape: &Shape, dtype: DType, device: &Device) -> Result<Storage> {
         match device {
             Device::Cpu => Ok(Storage::Cpu(CpuDevice.zeros(shape, dtype)?)),
-            Device::Cuda(i) => Ok(Storage::Cuda(CudaDevice::get(*i)?.zeros(shape, dtype)?)),
-            _ => Err(unavailable(device)),
+            gpu => Ok(Storage::Cuda(CudaDevice::open(*gpu)?.zeros(shape, dtype)?)),
         }
     }
 
@@ -459,8 +460,7 @@ impl Storage {
 pub(crate) fn is_available(device: &Device) -> bool {
     match device {
         Device::Cpu => true,
-        Device::Cuda(i) => CudaDevice::get(*i).is_ok(),
-        _ => false,
+        gpu => CudaDevice::open(*gpu).is_ok(),
     }
 }
 
@@ -468,30 +468,23 @@ pub(crate) fn is_available(device: &Device) -> bool {
 pub(crate) fn memory_info(device: &Device) -> Result<Option<(u64, u64)>> {
     match device {
         Device::Cpu => Ok(None),
-        Device::Cuda(i) => CudaDevice::get(*i)?.memory_info().map(Some),
-        _ => Err(unavailable(device)),
+        gpu => CudaDevice::open(*gpu)?.memory_info().map(Some),
     }
 }
 
 /// Allocator counts of a device that is open; `None` on the CPU.
 pub(crate) fn memory_stats(device: &Device) -> Option<MemoryStats> {
     match device {
-        Device::Cuda(i) => CudaDevice::get(*i).ok().map(|d| d.memory_stats()),
-        _ => None,
+        Device::Cpu => None,
+        gpu => CudaDevice::open(*gpu).ok().map(|d| d.memory_stats()),
     }
 }
 
 /// Waits until the device has finished the work queued so far.
 pub(crate) fn synchronize(device: &Device) -> Result<()> {
     match device {
-        Device::Cuda(i) => CudaDevice::get(*i)?.synchronize(),
-        _ => Ok(()),
-    }
-}
-
-fn unavailable(device: &Device) -> Error {
-    Error::DeviceUnavailable {
-        device: device.to_string(),
+        Device::Cpu => Ok(()),
+        gpu => CudaDevice::open(*gpu)?.synchronize(),
     }
 }
 

@@ -354,17 +354,9 @@ pub fn mean_ms(
     Ok(f64::from(gpu(t.stop_ms())?) / iters.max(1) as f64)
 }
 
-/// cuMemcpyDtoDAsync on the context's stream.
+/// A device-to-device copy on the context's stream.
 pub fn copy_dtod(ctx: &CudaContext, dst: u64, src: u64, bytes: usize) -> Result<(), String> {
-    let stream = ctx.stream();
-    stream
-        .context()
-        .bind_to_thread()
-        .map_err(|e| format!("bind: {e:?}"))?;
     // SAFETY: both ranges lie in live pool buffers of at least `bytes` bytes
     // and do not overlap; the copy is ordered on the context's one stream.
-    unsafe {
-        cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream())
-            .map_err(|e| format!("cuMemcpyDtoDAsync: {e:?}"))
-    }
+    unsafe { ctx.copy_dtod(dst, src, bytes) }.map_err(|e| e.to_string())
 }

@@ -94,6 +94,7 @@ fn gemm_upload(
                 up(ctx.upload(&codes))?,
             )
         }
+        other => return Err(format!("the layout cases take no {other:?} operands")),
     })
 }
 
