@@ -25,7 +25,7 @@ impl Path {
         };
         let narrower = [32, 16]
             .into_iter()
-            .filter(|&tile| tile < self.rows() && (tile == 16 || d.max(dv) <= 128))
+            .filter(|&tile| tile < self.rows(Pass::Dq) && (tile == 16 || d.max(dv) <= 128))
             .map(|tile| Path::Scalar { bf16, tile });
         std::iter::once(self).chain(narrower).find(|p| {
             [Pass::Forward, Pass::Dq, Pass::Dkdv]
