@@ -247,6 +247,28 @@ fn tensor_size_mismatch(dtype: Dtype, shape: &[usize], len: usize) -> String {
     }
 }
 
+/// A tensor that owns its bytes: name, dtype, shape and little-endian data,
+/// for callers that build or edit tensors before writing them.
+pub type OwnedTensor = (String, Dtype, Vec<usize>, Vec<u8>);
+
+/// [`write`] for owned tensors: the same file, from borrowed views of them.
+pub fn write_owned(
+    w: impl Write,
+    tensors: &[OwnedTensor],
+    metadata: &HashMap<String, String>,
+) -> io::Result<()> {
+    let views: Vec<StTensor> = tensors
+        .iter()
+        .map(|(name, dtype, shape, data)| StTensor {
+            name: name.clone(),
+            dtype: *dtype,
+            shape: shape.clone(),
+            data,
+        })
+        .collect();
+    write(w, &views, metadata)
+}
+
 /// Write `tensors` and `metadata` as a safetensors file to `w`. Tensors are
 /// laid out by decreasing element size, then by name, so that every tensor
 /// is aligned to its element size (as the safetensors library lays them out).

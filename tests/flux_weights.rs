@@ -10,7 +10,7 @@ use mxswitch::models::flux::{Flux, RunConfig};
 use mxswitch::runtime::module::{allocate, allocated, try_visit_params};
 use mxswitch::runtime::optim::{AdamW, AdamWConfig};
 use mxswitch::runtime::Device;
-use mxswitch::st_file::{self, StTensor};
+use mxswitch::st_file::{self, OwnedTensor};
 use mxswitch::train::{
     export, read_checkpoint, save_checkpoint, train, ExportDType, FluxWeights, RunFlags, RunRecord,
     TrainOptions,
@@ -84,23 +84,14 @@ fn tensors_of(file: &Path) -> HashMap<String, (Dtype, Vec<usize>, Vec<u8>)> {
 }
 
 /// The fixture with `edit` applied to its tensor list, written to `out`.
-fn edited_fixture(out: &Path, edit: impl FnOnce(&mut Vec<(String, Dtype, Vec<usize>, Vec<u8>)>)) {
+fn edited_fixture(out: &Path, edit: impl FnOnce(&mut Vec<OwnedTensor>)) {
     let mut list: Vec<_> = tensors_of(Path::new(FIXTURE))
         .into_iter()
         .map(|(n, (d, s, b))| (n, d, s, b))
         .collect();
     edit(&mut list);
-    let tensors: Vec<StTensor> = list
-        .iter()
-        .map(|(name, dtype, shape, data)| StTensor {
-            name: name.clone(),
-            dtype: *dtype,
-            shape: shape.clone(),
-            data,
-        })
-        .collect();
     let f = std::fs::File::create(out).unwrap();
-    st_file::write(f, &tensors, &HashMap::new()).unwrap();
+    st_file::write_owned(f, &list, &HashMap::new()).unwrap();
 }
 
 #[test]

@@ -298,7 +298,7 @@ impl Mutator {
         let Ok((tensors, metadata)) = st_file::parse(b) else {
             return self.mutate_layout(b);
         };
-        let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = tensors
+        let mut tensors: Vec<st_file::OwnedTensor> = tensors
             .into_iter()
             .map(|t| (t.name, t.dtype, t.shape, t.data.to_vec()))
             .collect();
@@ -386,17 +386,8 @@ impl Mutator {
                 .try_fold(dtype.size(), |n, &d| n.checked_mul(d));
             data.resize(len.unwrap_or(0).min(1 << 16), 0);
         }
-        let views: Vec<StTensor> = tensors
-            .iter()
-            .map(|(name, dtype, shape, data)| StTensor {
-                name: name.clone(),
-                dtype: *dtype,
-                shape: shape.clone(),
-                data,
-            })
-            .collect();
         let mut out = Vec::new();
-        if st_file::write(&mut out, &views, &metadata.into_iter().collect()).is_ok() {
+        if st_file::write_owned(&mut out, &tensors, &metadata.into_iter().collect()).is_ok() {
             *b = out;
         }
     }

@@ -18,7 +18,7 @@ use mxswitch_runtime::{Error, Result, Tensor};
 use super::checkpoint::read_checkpoint;
 use super::record::RunRecord;
 use crate::files;
-use crate::st_file::{self, printable, StTensor};
+use crate::st_file::{self, printable, OwnedTensor};
 
 /// An error about the Flux weights file at `path`.
 fn err(path: &Path, what: impl std::fmt::Display) -> Error {
@@ -132,7 +132,11 @@ pub fn export(checkpoint: &Path, output: &Path, dtype: ExportDType) -> Result<()
     let bfl = layout(&run.config.model)?
         .to_bfl(&ckpt.params())
         .map_err(|e| super::checkpoint::err(checkpoint, e))?;
-    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = bfl
+    let st_dtype = match dtype {
+        ExportDType::F32 => Dtype::F32,
+        ExportDType::BF16 => Dtype::BF16,
+    };
+    let tensors: Vec<OwnedTensor> = bfl
         .into_iter()
         .map(|(name, (shape, v))| {
             let data = match dtype {
@@ -142,23 +146,11 @@ pub fn export(checkpoint: &Path, output: &Path, dtype: ExportDType) -> Result<()
                     .flat_map(|&x| bf16::from_f32(x).to_le_bytes())
                     .collect(),
             };
-            (name, shape, data)
-        })
-        .collect();
-    let tensors: Vec<StTensor> = bytes
-        .iter()
-        .map(|(name, shape, data)| StTensor {
-            name: name.clone(),
-            dtype: match dtype {
-                ExportDType::F32 => Dtype::F32,
-                ExportDType::BF16 => Dtype::BF16,
-            },
-            shape: shape.clone(),
-            data,
+            (name, st_dtype, shape, data)
         })
         .collect();
     // What torch's safetensors writer records; loaders may look for it.
     let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
-    files::write_atomically(output, |f| st_file::write(f, &tensors, &metadata))?;
+    files::write_atomically(output, |f| st_file::write_owned(f, &tensors, &metadata))?;
     Ok(())
 }

@@ -20,7 +20,7 @@ use mxswitch_runtime::optim::AdamW;
 use mxswitch_runtime::{Error, Result, Tensor};
 
 use crate::files;
-use crate::st_file::{self, printable, StTensor};
+use crate::st_file::{self, printable, OwnedTensor};
 
 /// A checkpoint read from disk, checked, before it is put into a model.
 #[derive(Debug)]
@@ -54,33 +54,35 @@ pub fn save_checkpoint<M: Parameters>(
     iteration: u64,
     run: &str,
 ) -> Result<()> {
-    let mut buffers: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut buffers: Vec<OwnedTensor> = Vec::new();
     let mut steps = serde_json::Map::new();
     try_visit_params(model, |slot| {
         let p = allocated(&slot)?;
         let name = |kind: &str| format!("{kind}.{}", slot.path);
         buffers.push((
             name("param"),
+            Dtype::F32,
             slot.shape.clone(),
             f32_bytes(&p.to_vec_f32()?),
         ));
         if let Some((step, m, v)) = opt.state(p.id())? {
             steps.insert(slot.path.clone(), step.into());
-            buffers.push((name("adamw.m"), slot.shape.clone(), f32_bytes(&m)));
-            buffers.push((name("adamw.v"), slot.shape.clone(), f32_bytes(&v)));
+            buffers.push((
+                name("adamw.m"),
+                Dtype::F32,
+                slot.shape.clone(),
+                f32_bytes(&m),
+            ));
+            buffers.push((
+                name("adamw.v"),
+                Dtype::F32,
+                slot.shape.clone(),
+                f32_bytes(&v),
+            ));
         }
         Ok(())
     })
     .map_err(|e| err(path, e))?;
-    let tensors: Vec<StTensor> = buffers
-        .iter()
-        .map(|(name, shape, bytes)| StTensor {
-            name: name.clone(),
-            dtype: Dtype::F32,
-            shape: shape.clone(),
-            data: bytes,
-        })
-        .collect();
     let metadata = HashMap::from([
         ("iteration".to_string(), iteration.to_string()),
         ("run".to_string(), run.to_string()),
@@ -89,7 +91,7 @@ pub fn save_checkpoint<M: Parameters>(
             serde_json::Value::Object(steps).to_string(),
         ),
     ]);
-    files::write_atomically(path, |f| st_file::write(f, &tensors, &metadata))?;
+    files::write_atomically(path, |f| st_file::write_owned(f, &buffers, &metadata))?;
     Ok(())
 }
 
