@@ -35,28 +35,35 @@ use crate::{DType, Error, Result, Shape};
 
 /// The attention kernels, one module: the CUDA primitives
 /// (`attention_mma_cuda.cuh`: mma, ldmatrix, async copies, quad reductions)
-/// and then `attention.cu`, which uses only those and `common.cuh`.
+/// and then `attention.cu` (the tensor-core kernels) and
+/// `attention_scalar.cu` (the scalar ones), which use only those and
+/// `common.cuh`.
 pub const ATTENTION: KernelSource = KernelSource {
     name: "attention.cu",
     body: concat!(
         "#line 1 \"attention_mma_cuda.cuh\"\n",
         include_str!("../../kernels/attention_mma_cuda.cuh"),
         "\n#line 1 \"attention.cu\"\n",
-        include_str!("../../kernels/attention.cu")
+        include_str!("../../kernels/attention.cu"),
+        "\n#line 1 \"attention_scalar.cu\"\n",
+        include_str!("../../kernels/attention_scalar.cu")
     ),
 };
 
 /// The HIP form of [`ATTENTION`] (for AMD GPUs, compile-checked only by
 /// `.ci/rocm-kernels`, never compiled by this backend): the portable HIP
 /// shim `attention_mma_hip.cuh` (same functions and semantics, no MFMA yet)
-/// in place of the CUDA one, then the same `attention.cu`.
+/// in place of the CUDA one, then the same `attention.cu` and
+/// `attention_scalar.cu`.
 pub const ATTENTION_HIP: KernelSource = KernelSource {
     name: "attention.cu",
     body: concat!(
         "#line 1 \"attention_mma_hip.cuh\"\n",
         include_str!("../../kernels/attention_mma_hip.cuh"),
         "\n#line 1 \"attention.cu\"\n",
-        include_str!("../../kernels/attention.cu")
+        include_str!("../../kernels/attention.cu"),
+        "\n#line 1 \"attention_scalar.cu\"\n",
+        include_str!("../../kernels/attention_scalar.cu")
     ),
 };
 
