@@ -251,7 +251,7 @@ fn tensor_size_mismatch(dtype: Dtype, shape: &[usize], len: usize) -> String {
 /// for callers that build or edit tensors before writing them.
 pub type OwnedTensor = (String, Dtype, Vec<usize>, Vec<u8>);
 
-/// [`write`] for owned tensors: the same file, from borrowed views of them.
+/// [`write()`] for owned tensors: the same file, from borrowed views of them.
 pub fn write_owned(
     w: impl Write,
     tensors: &[OwnedTensor],
