@@ -330,9 +330,22 @@ impl Fit {
             .chain(&summary.metrics)
             .cloned()
             .collect();
-        let switch_iters: Vec<u64> = schedule.phases().iter().skip(1).map(|p| p.start).collect();
+        let steps: Vec<(u64, f32)> = all.iter().map(|m| (m.iter, m.loss)).collect();
+        let switches: Vec<plot::Switch> = (schedule.phases().iter().skip(1))
+            .map(|p| plot::Switch {
+                iter: p.start,
+                recipe: p.recipe.to_string(),
+            })
+            .collect();
+        let loss_plot = plot::LossPlot {
+            title: "training loss",
+            steps: &steps,
+            evals: &[],
+            switches: &switches,
+            scale: plot::Scale::Linear,
+        };
         // A failed step still leaves the plot of the steps before it.
-        let plotted = plot::loss_curve(&summary.plot, &all, &switch_iters);
+        let plotted = plot::loss_curve(&summary.plot, &loss_plot);
         trained?;
         plotted?;
         save_checkpoint(&summary.checkpoint, model, opt, next, &opts.run)?;
