@@ -42,10 +42,7 @@ const METADATA_KEY: &str = "__metadata__";
 /// are not a usable safetensors file; tensor names in it are [`printable`].
 pub fn parse(bytes: &[u8]) -> Result<(Vec<StTensor<'_>>, HashMap<String, String>), String> {
     let Some((size, rest)) = bytes.split_first_chunk::<8>() else {
-        return Err(format!(
-            "it is {} bytes long, too short for the 8-byte header size",
-            bytes.len()
-        ));
+        return Err(too_short(bytes.len() as u64));
     };
     let header_len = u64::from_le_bytes(*size);
     let (header, data) = usize::try_from(header_len)
@@ -53,6 +50,118 @@ pub fn parse(bytes: &[u8]) -> Result<(Vec<StTensor<'_>>, HashMap<String, String>
         .filter(|&n| n <= rest.len())
         .map(|n| rest.split_at(n))
         .ok_or(BAD_HEADER_SIZE)?;
+    let (entries, metadata) = parse_layout(header, data.len())?;
+    let tensors = entries
+        .into_iter()
+        .map(|e| StTensor {
+            data: &data[e.start..e.end],
+            name: e.name,
+            dtype: e.dtype,
+            shape: e.shape,
+        })
+        .collect();
+    Ok((tensors, metadata))
+}
+
+/// The largest header [`read_header`] reads (the safetensors library's limit).
+pub const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// A tensor's entry in a safetensors header: what it is and where its bytes
+/// lie in the file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StEntry {
+    /// The tensor's key (any UTF-8 string).
+    pub name: String,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Dimensions, outermost first.
+    pub shape: Vec<usize>,
+    /// Byte position of the first element in the file.
+    pub offset: u64,
+    /// Bytes of data: the element count times the dtype's size.
+    pub len: u64,
+}
+
+/// The header of a safetensors file, read without its data section.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StHeader {
+    /// The tensors sorted by name.
+    pub tensors: Vec<StEntry>,
+    /// The `__metadata__` map (empty if absent).
+    pub metadata: HashMap<String, String>,
+}
+
+impl StHeader {
+    /// The tensor named `name`.
+    pub fn get(&self, name: &str) -> Option<&StEntry> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+}
+
+/// Reads and checks only the header of the safetensors file `r` of
+/// `file_len` bytes: its first 8 bytes and the header they size, never the
+/// data section. Every check of [`parse`] is made (the data offsets must
+/// tile a data section of the size the file has), with the same reasons,
+/// and a header over [`MAX_HEADER_BYTES`] is refused too. An I/O error is
+/// a reason in the same way.
+pub fn read_header(mut r: impl io::Read, file_len: u64) -> Result<StHeader, String> {
+    let io_err = |e: io::Error| match e.kind() {
+        io::ErrorKind::UnexpectedEof => "it ended while its header was read (it shrank)".into(),
+        _ => format!("reading its header failed: {e}"),
+    };
+    if file_len < 8 {
+        return Err(too_short(file_len));
+    }
+    let mut size = [0u8; 8];
+    r.read_exact(&mut size).map_err(io_err)?;
+    let header_len = u64::from_le_bytes(size);
+    if header_len > file_len - 8 {
+        return Err(BAD_HEADER_SIZE.into());
+    }
+    if header_len > MAX_HEADER_BYTES {
+        return Err(format!(
+            "its header is {header_len} bytes, more than the {MAX_HEADER_BYTES} safetensors allows"
+        ));
+    }
+    let data_len =
+        usize::try_from(file_len - 8 - header_len).map_err(|_| BAD_DATA_SIZE.to_string())?;
+    let mut header = vec![0u8; header_len as usize];
+    r.read_exact(&mut header).map_err(io_err)?;
+    let (entries, metadata) = parse_layout(&header, data_len)?;
+    let data_start = 8 + header_len;
+    let tensors = entries
+        .into_iter()
+        .map(|e| StEntry {
+            offset: data_start + e.start as u64,
+            len: (e.end - e.start) as u64,
+            name: e.name,
+            dtype: e.dtype,
+            shape: e.shape,
+        })
+        .collect();
+    Ok(StHeader { tensors, metadata })
+}
+
+fn too_short(len: u64) -> String {
+    format!("it is {len} bytes long, too short for the 8-byte header size")
+}
+
+/// A checked header entry with its range in the data section.
+struct Placed {
+    name: String,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    start: usize,
+    end: usize,
+}
+
+/// The checks [`parse`] and [`read_header`] share: the header text is a
+/// JSON object of valid entries whose data ranges tile a data section of
+/// `data_len` bytes exactly. The entries come sorted by name.
+fn parse_layout(
+    header: &[u8],
+    data_len: usize,
+) -> Result<(Vec<Placed>, HashMap<String, String>), String> {
     let header = std::str::from_utf8(header).map_err(|_| "its header is not UTF-8 text")?;
     let entries = match serde_json::from_str::<Value>(header) {
         Ok(Value::Object(entries)) => entries,
@@ -60,49 +169,46 @@ pub fn parse(bytes: &[u8]) -> Result<(Vec<StTensor<'_>>, HashMap<String, String>
         Err(_) => return Err("its header is not JSON".into()),
     };
     let mut metadata = HashMap::new();
-    // (start, end, tensor) with the data range still to be checked.
-    let mut found: Vec<(usize, usize, StTensor)> = Vec::with_capacity(entries.len());
+    let mut found: Vec<Placed> = Vec::with_capacity(entries.len());
     for (name, entry) in entries {
         if name == METADATA_KEY {
             metadata = parse_metadata(entry)?;
             continue;
         }
         let info = parse_entry(&name, &entry)?;
-        let tensor = StTensor {
+        found.push(Placed {
             name,
             dtype: info.dtype,
             shape: info.shape,
-            data: &[],
-        };
-        found.push((info.start, info.end, tensor));
+            start: info.start,
+            end: info.end,
+        });
     }
     // Tensors must tile the data section exactly, in offset order.
-    found.sort_by_key(|(start, end, _)| (*start, *end));
+    found.sort_by_key(|p| (p.start, p.end));
     let mut pos = 0;
-    for (start, end, t) in &mut found {
-        if *end > data.len() {
+    for p in &found {
+        if p.end > data_len {
             return Err(BAD_DATA_SIZE.into());
         }
-        if *start != pos {
+        if p.start != pos {
             return Err(format!(
                 "the data of tensor `{}` {} another tensor's (its data offsets are invalid)",
-                printable(&t.name),
-                if *start < pos {
+                printable(&p.name),
+                if p.start < pos {
                     "overlaps"
                 } else {
                     "leaves a gap after"
                 }
             ));
         }
-        t.data = &data[*start..*end];
-        pos = *end;
+        pos = p.end;
     }
-    if pos != data.len() {
+    if pos != data_len {
         return Err(BAD_DATA_SIZE.into());
     }
-    let mut tensors: Vec<StTensor> = found.into_iter().map(|(_, _, t)| t).collect();
-    tensors.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok((tensors, metadata))
+    found.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok((found, metadata))
 }
 
 /// One header entry, checked: its dtype, shape and a data range whose
@@ -569,6 +675,107 @@ mod tests {
             }
         }
         assert!(parse(&good).is_ok());
+    }
+
+    /// `read_header` makes parse's checks with parse's reasons: on every
+    /// prefix and many corruptions of a valid file, and on parse's own
+    /// rejection cases, both fail alike or both find the same tensors.
+    #[test]
+    fn read_header_agrees_with_parse() {
+        let a: Vec<u8> = (0..24).collect();
+        let tensors = [
+            StTensor {
+                name: "w".into(),
+                dtype: Dtype::F32,
+                shape: vec![2, 3],
+                data: &a,
+            },
+            StTensor {
+                name: "b".into(),
+                dtype: Dtype::BF16,
+                shape: vec![2],
+                data: &[9, 8, 7, 6],
+            },
+        ];
+        let mut good = Vec::new();
+        write(
+            &mut good,
+            &tensors,
+            &HashMap::from([("k".into(), "v".into())]),
+        )
+        .unwrap();
+        let mut corpus: Vec<Vec<u8>> = (0..=good.len()).map(|n| good[..n].to_vec()).collect();
+        for i in 0..good.len() {
+            for v in [0u8, b'9', b'"', b'-', b']', 0xff] {
+                let mut b = good.clone();
+                b[i] = v;
+                corpus.push(b);
+            }
+        }
+        let mut grown = good.clone();
+        grown.push(0);
+        corpus.push(grown);
+        let (mut oks, mut errs) = (0, 0);
+        for bytes in &corpus {
+            match (parse(bytes), read_header(&bytes[..], bytes.len() as u64)) {
+                (Ok((ts, meta)), Ok(h)) => {
+                    oks += 1;
+                    assert_eq!(h.metadata, meta);
+                    assert_eq!(h.tensors.len(), ts.len());
+                    for (e, t) in h.tensors.iter().zip(&ts) {
+                        assert_eq!((&e.name, e.dtype, &e.shape), (&t.name, t.dtype, &t.shape));
+                        let (at, len) = (e.offset as usize, e.len as usize);
+                        assert_eq!(&bytes[at..at + len], t.data);
+                    }
+                }
+                (Err(p), Err(h)) => {
+                    errs += 1;
+                    assert_eq!(p, h);
+                }
+                (p, h) => panic!("parse {:?} but read_header {h:?}", p.map(|_| ())),
+            }
+        }
+        assert!(oks >= 1 && errs > 100, "{oks} {errs}");
+        assert_eq!(
+            read_header(&good[..], good.len() as u64)
+                .unwrap()
+                .get("b")
+                .unwrap()
+                .len,
+            4
+        );
+    }
+
+    /// The data section is never read, a header over the limit is refused
+    /// before it is read, and a file that ends early is a reason in words.
+    #[test]
+    fn read_header_reads_only_the_header() {
+        let tensors = [StTensor {
+            name: "x".into(),
+            dtype: Dtype::U8,
+            shape: vec![1000],
+            data: &[5; 1000],
+        }];
+        let mut good = Vec::new();
+        write(&mut good, &tensors, &HashMap::new()).unwrap();
+        let header_end = good.len() - 1000;
+        let h = read_header(&good[..header_end], good.len() as u64).unwrap();
+        assert_eq!(
+            (h.tensors[0].offset, h.tensors[0].len),
+            (header_end as u64, 1000)
+        );
+        let e = read_header(&good[..20], good.len() as u64).unwrap_err();
+        assert_eq!(e, "it ended while its header was read (it shrank)");
+        let huge = (MAX_HEADER_BYTES + 1).to_le_bytes();
+        let e = read_header(&huge[..], 1 << 40).unwrap_err();
+        assert!(
+            e.contains("more than the 100000000 safetensors allows"),
+            "{e}"
+        );
+        assert_eq!(
+            read_header(&[0u8; 3][..], 3).unwrap_err(),
+            "it is 3 bytes long, too short for the 8-byte header size"
+        );
     }
 
     #[test]

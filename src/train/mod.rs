@@ -56,6 +56,7 @@ mod memory;
 mod plot;
 mod record;
 mod run_dir;
+pub mod shards;
 
 use std::path::PathBuf;
 

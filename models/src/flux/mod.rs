@@ -8,6 +8,6 @@ pub mod memory;
 pub mod model;
 
 pub use config::{DataConfig, FluxConfig, RunConfig, TrainConfig, PRESETS};
-pub use data::{patchify, Batch, SyntheticData};
+pub use data::{patchify, rectified_flow, Batch, BatchBuilder, SyntheticData, TextTokens};
 pub use memory::{estimate_training_bytes, format_bytes, MemoryEstimate};
 pub use model::{DoubleBlock, Flux, FluxInput, SingleBlock};
