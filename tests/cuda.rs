@@ -44,16 +44,10 @@ fn cuda_device_fails_with_one_line_without_a_gpu() {
 
 fn run(device: Device, out: &std::path::Path) -> TrainSummary {
     train(&TrainOptions {
-        config: Some(RunConfig::load("flux-tiny").unwrap()),
         iters: Some(20),
         switch_at: Some(10),
         device,
-        out: out.to_path_buf(),
-        seed: None,
-        resume: None,
-        init_from: None,
-        overwrite: false,
-        progress: false,
+        ..TrainOptions::new(RunConfig::load("flux-tiny").unwrap(), out)
     })
     .unwrap()
 }

@@ -5,12 +5,16 @@
 use std::path::Path;
 
 use mxswitch::precision;
+use mxswitch::runtime::is_grad_enabled;
 use mxswitch::runtime::linear::QuantLinear;
+use mxswitch::runtime::lr_schedule::{Decay, LrSchedule};
 use mxswitch::runtime::module::{allocate, named_params, Dense, SplitMix64};
 use mxswitch::runtime::ops::mse_loss;
 use mxswitch::runtime::optim::{AdamW, AdamWConfig};
 use mxswitch::runtime::{Device, Error, Result, Tensor};
-use mxswitch::train::{fit, read_checkpoint, FitOptions, FitSummary, Resume, Step, StepMetrics};
+use mxswitch::train::{
+    fit, read_checkpoint, Eval, Fit, FitOptions, FitSummary, MetricsRow, Resume, Step, StepMetrics,
+};
 
 const IN: usize = 16;
 const WIDTH: usize = 64;
@@ -311,4 +315,155 @@ fn a_previous_run_is_refused_without_overwrite() {
     assert_eq!(again.metrics.len(), 2);
     let ckpt = read_checkpoint(&again.checkpoint, u64::MAX).unwrap();
     assert_eq!(ckpt.iteration, 2);
+}
+
+/// The learning rate follows the schedule: each row's `lr` is the
+/// schedule's rate of its iteration, and `samples` counts the samples.
+#[test]
+fn the_learning_rate_follows_its_schedule() {
+    let dir = tempfile::tempdir().unwrap();
+    let lr = LrSchedule::new(3e-3, 3, Decay::Cosine, 8).unwrap();
+    let (summary, _) = train(FitOptions {
+        lr: Some(lr),
+        samples_per_step: BATCH as u64,
+        ..options(8, &dir.path().join("run"))
+    })
+    .unwrap();
+    for m in &summary.metrics {
+        assert_eq!(m.lr, lr.at(m.iter), "iteration {}", m.iter);
+        assert_eq!(m.samples, (m.iter + 1) * BATCH as u64);
+    }
+    assert!(summary.metrics[0].lr < summary.metrics[2].lr);
+    assert!(summary.metrics[7].lr < summary.metrics[3].lr);
+    let ckpt = read_checkpoint(&summary.checkpoint, u64::MAX).unwrap();
+    assert_eq!((ckpt.iteration, ckpt.samples), (8, 8 * BATCH as u64));
+}
+
+/// The same evaluation at every call: the loss of iteration 1000's batch.
+fn eval_loss(m: &mut Net) -> Result<f32> {
+    assert!(!is_grad_enabled(), "evaluation records a tape");
+    loss(m, 1000)?.to_scalar_f32()
+}
+
+/// Train with evaluation every `every` samples (4 a step).
+fn train_with_eval(opts: FitOptions, every: u64, target: Option<f32>) -> Result<(FitSummary, Net)> {
+    let mut net = Net::new();
+    let mut opt = adamw();
+    let mut f = eval_loss;
+    let eval = Eval {
+        every_samples: every,
+        target_loss: target,
+        loss: &mut f,
+    };
+    let summary = Fit::prepare(FitOptions {
+        samples_per_step: 4,
+        ..opts
+    })?
+    .run_with_eval(&mut net, &mut opt, |m, s| loss(m, s.iteration), Some(eval))?;
+    Ok((summary, net))
+}
+
+/// Evaluations come after each step that reaches a multiple of the
+/// samples, and after the last; their rows are in metrics.jsonl beside the
+/// steps; and evaluating changes nothing of the training.
+#[test]
+fn evaluation_rows_come_at_their_samples_and_change_no_training() {
+    let dir = tempfile::tempdir().unwrap();
+    // 4 samples a step, every 10: after iterations 2 (12), 4 (20), 7 (32),
+    // and the last, 8.
+    let (with, mut net_with) =
+        train_with_eval(options(9, &dir.path().join("a")), 10, None).unwrap();
+    let iters: Vec<u64> = with.evals.iter().map(|e| e.iter).collect();
+    assert_eq!(iters, vec![2, 4, 7, 8]);
+    for e in &with.evals {
+        assert_eq!(e.samples, (e.iter + 1) * 4);
+        let recipe = if e.iter < SWITCH { "mxfp4" } else { "fp8" };
+        assert_eq!(e.recipe, recipe);
+        assert!(e.eval_loss.is_finite() && e.eval_loss > 0.0);
+    }
+    let rows: Vec<MetricsRow> = std::fs::read_to_string(&with.metrics_file)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let kinds: String = rows
+        .iter()
+        .map(|r| match r {
+            MetricsRow::Step(_) => 's',
+            MetricsRow::Eval(_) => 'e',
+        })
+        .collect();
+    assert_eq!(kinds, "sssessesssese");
+
+    let (without, mut net_without) = train(FitOptions {
+        samples_per_step: 4,
+        ..options(9, &dir.path().join("b"))
+    })
+    .unwrap();
+    assert_eq!(timeless(&with.metrics), timeless(&without.metrics));
+    assert_eq!(bits(&mut net_with), bits(&mut net_without));
+}
+
+/// A run stops after the first evaluation at or below the target, with a
+/// checkpoint of that step, and resumes from it.
+#[test]
+fn a_reached_target_stops_the_run_with_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let (first, _) = train_with_eval(options(40, &out), 4, None).unwrap();
+    let target = first.evals[5].eval_loss;
+    let hit = first
+        .evals
+        .iter()
+        .position(|e| e.eval_loss <= target)
+        .unwrap();
+    let stop_at = first.evals[hit].iter;
+
+    let out2 = dir.path().join("target");
+    let (stopped, _) = train_with_eval(options(40, &out2), 4, Some(target)).unwrap();
+    assert_eq!(stopped.target_reached, Some(stop_at));
+    assert_eq!(stopped.metrics.last().unwrap().iter, stop_at);
+    assert_eq!(stopped.evals.len(), hit + 1);
+    let ckpt = read_checkpoint(&stopped.checkpoint, u64::MAX).unwrap();
+    assert_eq!(
+        (ckpt.iteration, ckpt.samples),
+        (stop_at + 1, (stop_at + 1) * 4)
+    );
+
+    // Resumed without the target, it trains on to the end.
+    let resume = Resume::read(&stopped.checkpoint).unwrap();
+    let (rest, _) = train_with_eval(
+        FitOptions {
+            resume: Some(resume),
+            ..options(40, &out2)
+        },
+        4,
+        None,
+    )
+    .unwrap();
+    assert_eq!(rest.metrics.first().unwrap().iter, stop_at + 1);
+    assert_eq!(rest.target_reached, None);
+}
+
+/// A checkpoint taken at another number of samples a step is refused.
+#[test]
+fn a_resume_at_another_batch_size_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let (summary, _) = train(FitOptions {
+        samples_per_step: 4,
+        ..options(2, &out)
+    })
+    .unwrap();
+    let resume = Resume::read(&summary.checkpoint).unwrap();
+    let err = train(FitOptions {
+        resume: Some(resume),
+        samples_per_step: 8,
+        ..options(4, &out)
+    })
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(err.contains("metadata `samples` is 8"), "{err}");
+    assert!(err.contains("another number of samples a step"), "{err}");
 }

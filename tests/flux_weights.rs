@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use mxswitch::models::flux::{Flux, RunConfig};
 use mxswitch::runtime::module::{allocate, allocated, try_visit_params};
 use mxswitch::runtime::optim::{AdamW, AdamWConfig};
-use mxswitch::runtime::Device;
 use mxswitch::st_file::{self, OwnedTensor};
 use mxswitch::train::{
     export, read_checkpoint, save_checkpoint, train, ExportDType, FluxWeights, RunFlags, RunRecord,
@@ -36,16 +35,9 @@ fn tmp(name: &str) -> PathBuf {
 
 fn options(out: &Path, iters: u64, init_from: Option<&Path>) -> TrainOptions {
     TrainOptions {
-        config: Some(micro()),
         iters: Some(iters),
-        switch_at: None,
-        device: Device::Cpu,
-        out: out.to_path_buf(),
-        seed: None,
-        resume: None,
         init_from: init_from.map(Path::to_path_buf),
-        overwrite: false,
-        progress: false,
+        ..TrainOptions::new(micro(), out)
     }
 }
 
@@ -113,6 +105,7 @@ fn the_fixture_exports_back_to_its_own_bytes() {
         &ckpt,
         &mut model,
         &opt,
+        0,
         0,
         &serde_json::to_string(&run).unwrap(),
     )

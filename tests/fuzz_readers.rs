@@ -145,6 +145,7 @@ const INTERESTING_STRINGS: &[&str] = &[
     "dtype",
     "data_offsets",
     "iteration",
+    "samples",
     "run",
     "adamw.steps",
     "param.img_in.weight",
@@ -727,7 +728,6 @@ fn write_safetensors_seeds() {
 
 fn write_checkpoint_seeds() {
     use mxswitch::models::flux::RunConfig;
-    use mxswitch::runtime::Device;
     use mxswitch::train::{train, TrainOptions};
 
     let dir = corpus_dir("checkpoint_loader");
@@ -735,16 +735,9 @@ fn write_checkpoint_seeds() {
     let out = tempfile::tempdir().unwrap();
     // Two iterations, so the checkpoint is past the switch.
     train(&TrainOptions {
-        config: Some(cfg),
         iters: Some(2),
         switch_at: Some(1),
-        device: Device::Cpu,
-        out: out.path().to_path_buf(),
-        seed: None,
-        resume: None,
-        init_from: None,
-        overwrite: false,
-        progress: false,
+        ..TrainOptions::new(cfg, out.path())
     })
     .unwrap();
     let bytes = std::fs::read(out.path().join("checkpoint.safetensors")).unwrap();

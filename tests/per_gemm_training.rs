@@ -6,7 +6,6 @@ use std::path::Path;
 
 use mxswitch::models::flux::RunConfig;
 use mxswitch::runtime::schedule_config::ScheduleConfig;
-use mxswitch::runtime::Device;
 use mxswitch::train::{train, StepMetrics, TrainOptions, TrainSummary};
 
 const ITERS: u64 = 30;
@@ -16,16 +15,8 @@ fn run(schedule: &str, out: &Path) -> TrainSummary {
     let mut config = RunConfig::load("flux-tiny").unwrap();
     config.schedule = ScheduleConfig::from_ron(schedule).unwrap();
     train(&TrainOptions {
-        config: Some(config),
         iters: Some(ITERS),
-        switch_at: None,
-        device: Device::Cpu,
-        out: out.to_path_buf(),
-        seed: None,
-        resume: None,
-        init_from: None,
-        overwrite: false,
-        progress: false,
+        ..TrainOptions::new(config, out)
     })
     .unwrap()
 }

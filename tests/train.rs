@@ -14,16 +14,10 @@ fn tiny() -> RunConfig {
 
 fn run(config: RunConfig, out: &Path, iters: u64, resume: Option<&Path>) -> TrainSummary {
     train(&TrainOptions {
-        config: Some(config),
         iters: Some(iters),
         switch_at: Some(40),
-        device: Device::Cpu,
-        out: out.to_path_buf(),
-        seed: None,
         resume: resume.map(Path::to_path_buf),
-        init_from: None,
-        overwrite: false,
-        progress: false,
+        ..TrainOptions::new(config, out)
     })
     .unwrap()
 }
@@ -203,16 +197,8 @@ fn a_depth_zero_model_is_an_error_when_built() {
     cfg.model.depth_single_blocks = 0;
     let dir = tempfile::tempdir().unwrap();
     let err = train(&TrainOptions {
-        config: Some(cfg),
         iters: Some(2),
-        switch_at: None,
-        device: Device::Cpu,
-        out: dir.path().to_path_buf(),
-        seed: None,
-        resume: None,
-        init_from: None,
-        overwrite: false,
-        progress: false,
+        ..TrainOptions::new(cfg, dir.path())
     })
     .unwrap_err()
     .to_string();

@@ -88,6 +88,39 @@ fn bad_requests_get_one_line() {
         "cannot create output folder",
     );
     fails_with(&["plan", "--config", "flux-huge"], "unknown config");
+    let tiny = ["train", "--config", "flux-tiny", "--out", out];
+    for (extra, needle) in [
+        (
+            &["--eval-every", "8"][..],
+            "--eval-every needs --val-data DIR",
+        ),
+        (
+            &["--target-loss", "0.5"][..],
+            "--target-loss needs --val-data DIR",
+        ),
+        (
+            &["--val-data", "v", "--eval-every", "0"][..],
+            "--eval-every 0: give a number of samples",
+        ),
+        (
+            &["--val-data", "v", "--target-loss", "NaN"][..],
+            "--target-loss NaN: give a finite loss >= 0",
+        ),
+        (
+            &["--val-data", "v", "--target-loss", "-1"][..],
+            "--target-loss -1: give a finite loss >= 0",
+        ),
+        (
+            &["--val-data", "nowhere"][..],
+            "data folder nowhere: it does not exist",
+        ),
+        (
+            &["--data", "nowhere"][..],
+            "data folder nowhere: it does not exist",
+        ),
+    ] {
+        fails_with(&[&tiny[..], extra].concat(), needle);
+    }
     fails_with(
         &[
             "train",
@@ -100,4 +133,30 @@ fn bad_requests_get_one_line() {
         ],
         "checkpoint nope.safetensors",
     );
+}
+
+/// Without a terminal the progress bar becomes about twenty plain lines,
+/// the last one at the end of the run.
+#[test]
+fn progress_without_a_terminal_is_plain_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let (ok, stdout, err) = mxswitch(&[
+        "train",
+        "--config",
+        "flux-tiny",
+        "--iters",
+        "50",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("iteration "))
+        .collect();
+    assert_eq!(lines.len(), 17, "{stdout}");
+    assert!(lines[0].starts_with("iteration 3/50  loss "), "{stdout}");
+    assert!(lines[16].starts_with("iteration 50/50  loss "), "{stdout}");
+    assert!(lines[16].contains("  fp8  "), "{stdout}");
 }

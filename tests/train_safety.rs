@@ -282,6 +282,27 @@ fn a_damaged_checkpoint_is_named() {
         &["metadata `iteration`", "not a whole number"],
     );
     check(
+        &|_, m| {
+            m.insert("samples".into(), "-1".into());
+        },
+        &["metadata `samples`", "not a whole number"],
+    );
+    check(
+        &|_, m| {
+            m.remove("samples");
+        },
+        &["metadata `samples` is missing"],
+    );
+    check(
+        &|_, m| {
+            m.insert("samples".into(), "3".into());
+        },
+        &[
+            "metadata `samples` is 3",
+            "another number of samples a step",
+        ],
+    );
+    check(
         &|t, _| t.push(("param.\u{1b}[31mred".into(), vec![1], vec![0; 4])),
         &["\\x1b"],
     );

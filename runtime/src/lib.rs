@@ -7,6 +7,7 @@
 pub mod error;
 pub mod formats;
 pub mod linear;
+pub mod lr_schedule;
 pub mod module;
 pub mod plan;
 pub mod profile;

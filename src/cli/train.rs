@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use mxswitch::files::interrupt;
 use mxswitch::models::flux::RunConfig;
 use mxswitch::runtime::{Device, Result};
-use mxswitch::train::{train, TrainOptions};
+use mxswitch::train::{train, Scale, TrainOptions};
 
 /// Arguments of `mxswitch train`.
 #[derive(Debug, clap::Args)]
@@ -44,6 +44,26 @@ pub struct TrainArgs {
     /// or BF16; `mxswitch export` writes them) instead of seeded ones.
     #[arg(long, value_name = "FILE.safetensors")]
     pub init_from: Option<PathBuf>,
+    /// Train on precomputed data: a folder of safetensors shards with
+    /// `latent` (N, C, H, W), `txt` (N, L, context) and `vec` (N, vec), as
+    /// `cargo run --example make_dataset` writes [default: seeded synthetic
+    /// data; a resume reads the run's recorded shards].
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    /// Evaluate on validation shards (as --data, plus `timestep_id` (N,)
+    /// in 0..=7): the mean MSE at t = timestep_id / 8 with fixed noise.
+    #[arg(long, value_name = "DIR")]
+    pub val_data: Option<PathBuf>,
+    /// Evaluate after every SAMPLES training samples [default: only after
+    /// the last step].
+    #[arg(long, value_name = "SAMPLES", value_parser = whole_number, allow_negative_numbers = true)]
+    pub eval_every: Option<u64>,
+    /// Stop once the eval loss is at most X (MLPerf's Flux.1 target: 0.586).
+    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    pub target_loss: Option<f32>,
+    /// The loss axis of loss.png.
+    #[arg(long, value_name = "SCALE", value_enum, default_value_t = Scale::Linear)]
+    pub plot_scale: Scale,
     /// Replace a previous run in the output folder.
     #[arg(long)]
     pub overwrite: bool,
@@ -78,6 +98,11 @@ pub fn run(args: &TrainArgs) -> Result<ExitCode> {
         seed: args.seed,
         resume: args.resume.clone(),
         init_from: args.init_from.clone(),
+        data: args.data.clone(),
+        val_data: args.val_data.clone(),
+        eval_every: args.eval_every,
+        target_loss: args.target_loss,
+        plot_scale: args.plot_scale,
         overwrite: args.overwrite,
         progress: true,
     })?;
@@ -96,6 +121,12 @@ pub fn run(args: &TrainArgs) -> Result<ExitCode> {
             None => println!("interrupted before iteration {next}: nothing was trained or written"),
         }
         return Ok(ExitCode::from(EXIT_INTERRUPTED));
+    }
+    if let (Some(at), Some(e)) = (summary.target_reached, summary.evals.last()) {
+        println!(
+            "reached the target eval loss: {:.4} after iteration {at} ({} samples)",
+            e.eval_loss, e.samples
+        );
     }
     if let (Some(first), Some(last)) = (summary.metrics.first(), summary.metrics.last()) {
         println!(

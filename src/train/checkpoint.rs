@@ -1,6 +1,7 @@
 //! Training checkpoints in safetensors: every parameter (`param.<path>`),
 //! the AdamW moments (`adamw.m.<path>`, `adamw.v.<path>`) and, in the
-//! metadata, the next iteration (`iteration`), the caller's record of the
+//! metadata, the next iteration (`iteration`), the samples trained on
+//! before it (`samples`: the data position), the caller's record of the
 //! run (key `run`, JSON text the checkpoint does not interpret; Flux stores
 //! its [`RunRecord`](super::RunRecord)) and each parameter's step count
 //! (`adamw.steps`). No recipe is stored: the recipe in force is a pure
@@ -27,6 +28,8 @@ use crate::st_file::{self, printable, OwnedTensor};
 pub struct Checkpoint {
     /// The next iteration to run.
     pub iteration: u64,
+    /// Samples trained on before it: where the data continues.
+    pub samples: u64,
     /// The caller's record of the run (metadata `run`), JSON text as written.
     pub run: String,
     /// Every tensor by name: shape and f32 values.
@@ -45,13 +48,14 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 }
 
 /// Write the model and optimizer state at `iteration` (the next one to
-/// run), with `run` (JSON text) as metadata `run`. The file appears whole
-/// or not at all.
+/// run, after `samples` samples), with `run` (JSON text) as metadata
+/// `run`. The file appears whole or not at all.
 pub fn save_checkpoint<M: Parameters>(
     path: &Path,
     model: &mut M,
     opt: &AdamW,
     iteration: u64,
+    samples: u64,
     run: &str,
 ) -> Result<()> {
     let mut buffers: Vec<OwnedTensor> = Vec::new();
@@ -85,6 +89,7 @@ pub fn save_checkpoint<M: Parameters>(
     .map_err(|e| err(path, e))?;
     let metadata = HashMap::from([
         ("iteration".to_string(), iteration.to_string()),
+        ("samples".to_string(), samples.to_string()),
         ("run".to_string(), run.to_string()),
         (
             "adamw.steps".to_string(),
@@ -111,15 +116,13 @@ pub fn parse_checkpoint(bytes: &[u8]) -> std::result::Result<Checkpoint, String>
             format!("metadata `{key}` is missing: it was not written by `mxswitch train` of this version")
         })
     };
-    let iteration: u64 = {
-        let v = entry("iteration")?;
-        v.parse().map_err(|_| {
-            format!(
-                "metadata `iteration` is {:?}, not a whole number",
-                printable(v)
-            )
-        })?
+    let whole = |key: &str| -> std::result::Result<u64, String> {
+        let v = entry(key)?;
+        v.parse()
+            .map_err(|_| format!("metadata `{key}` is {:?}, not a whole number", printable(v)))
     };
+    let iteration = whole("iteration")?;
+    let samples = whole("samples")?;
     let run = entry("run")?.clone();
     let steps_json: serde_json::Map<String, serde_json::Value> =
         serde_json::from_str(entry("adamw.steps")?).map_err(|e| {
@@ -158,6 +161,7 @@ pub fn parse_checkpoint(bytes: &[u8]) -> std::result::Result<Checkpoint, String>
     }
     Ok(Checkpoint {
         iteration,
+        samples,
         run,
         tensors: out,
         steps,
@@ -165,6 +169,24 @@ pub fn parse_checkpoint(bytes: &[u8]) -> std::result::Result<Checkpoint, String>
 }
 
 impl Checkpoint {
+    /// Check that the data position fits a run of `per_step` samples a
+    /// step: `samples` is `iteration` x `per_step` (another batch size, or
+    /// an edited file, would continue the data somewhere else).
+    pub fn check_samples(&self, path: &Path, per_step: u64) -> Result<()> {
+        if Some(self.samples) == self.iteration.checked_mul(per_step) {
+            return Ok(());
+        }
+        Err(err(
+            path,
+            format!(
+                "metadata `samples` is {}, but {} iterations of {per_step} samples are {}: it was trained with another number of samples a step",
+                self.samples,
+                self.iteration,
+                self.iteration.saturating_mul(per_step)
+            ),
+        ))
+    }
+
     /// The parameters (tensors `param.<path>`) by path, moments left out.
     pub fn params(&self) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
         self.tensors

@@ -10,19 +10,19 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use indicatif::{ProgressBar, ProgressStyle};
-use serde::{Deserialize, Serialize};
-
+use mxswitch_runtime::lr_schedule::LrSchedule;
 use mxswitch_runtime::module::Parameters;
 use mxswitch_runtime::optim::{clip_grad_factor, optimizer_step_scaled, AdamW};
 use mxswitch_runtime::plan::{apply_schedule, check_schedule, Plan, PrecisionModel};
 use mxswitch_runtime::profile::timed;
 use mxswitch_runtime::schedule::Schedule;
 use mxswitch_runtime::warmup::warmup;
-use mxswitch_runtime::{Device, Error, Result, Tensor};
+use mxswitch_runtime::{no_grad, Device, Error, Result, Tensor};
 
 use super::checkpoint::{read_checkpoint, save_checkpoint, Checkpoint};
-use super::plot;
+use super::metrics::{EvalMetrics, MetricsRow, StepMetrics};
+use super::plot::{self, LossPlot, Scale, Switch};
+use super::progress::Progress;
 use super::run_dir::{self, RunDir};
 use crate::files::interrupt;
 
@@ -109,6 +109,27 @@ pub struct FitOptions {
     pub run: String,
     /// The advice in the loop's messages.
     pub hints: Hints,
+    /// The learning rate of each iteration; `None` keeps the optimizer's.
+    pub lr: Option<LrSchedule>,
+    /// Samples one step trains on: counts the samples in the metrics, the
+    /// checkpoint (the data position) and [`Eval::every_samples`].
+    pub samples_per_step: u64,
+    /// The loss plot's title.
+    pub title: String,
+    /// The loss plot's loss axis.
+    pub plot_scale: Scale,
+}
+
+/// Evaluation during a run ([`Fit::run_with_eval`]).
+pub struct Eval<'a, M> {
+    /// Evaluate after each step that reaches a multiple of this many
+    /// samples, and after the last step.
+    pub every_samples: u64,
+    /// Stop once the eval loss is at most this (MLPerf's target).
+    pub target_loss: Option<f32>,
+    /// The mean loss over the evaluation set, of the model as it is; the
+    /// loop runs it without recording a tape.
+    pub loss: &'a mut dyn FnMut(&mut M) -> Result<f32>,
 }
 
 impl FitOptions {
@@ -126,30 +147,12 @@ impl FitOptions {
             device: Device::Cpu,
             run: "null".into(),
             hints: Hints::default(),
+            lr: None,
+            samples_per_step: 1,
+            title: "training loss".into(),
+            plot_scale: Scale::Linear,
         }
     }
-}
-
-/// One line of `metrics.jsonl`: exactly these keys.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct StepMetrics {
-    /// The iteration trained.
-    pub iter: u64,
-    /// Its loss.
-    pub loss: f32,
-    /// The recipe the schedule is switching to (or in) at this iteration.
-    pub recipe: String,
-    /// Plan layers on that recipe.
-    pub layers_converted: usize,
-    /// Quantized linears on that recipe.
-    pub linears_converted: usize,
-    /// Wall-clock time of the step (forward, backward, update).
-    pub step_time_ms: f64,
-    /// Bytes the loss's tape saved for backward, per element.
-    pub saved_bytes_per_element: f64,
-    /// Peak bytes of the device's tensors so far; null on the CPU.
-    pub device_peak_bytes: Option<u64>,
 }
 
 /// What a run produced.
@@ -157,6 +160,11 @@ pub struct StepMetrics {
 pub struct FitSummary {
     /// The steps this run trained (not the earlier part of a resumed run).
     pub metrics: Vec<StepMetrics>,
+    /// The evaluations this run made.
+    pub evals: Vec<EvalMetrics>,
+    /// Set when an evaluation reached [`Eval::target_loss`]: the iteration
+    /// after which it did (the run stopped there).
+    pub target_reached: Option<u64>,
     /// Every switch line printed, in order.
     pub switches: Vec<String>,
     /// Warnings printed before training (phases that never start).
@@ -204,6 +212,11 @@ impl Fit {
         serde_json::from_str::<serde::de::IgnoredAny>(&opts.run).map_err(|e| {
             Error::InvalidOption(format!("the run record to checkpoint is not JSON: {e}"))
         })?;
+        if opts.samples_per_step == 0 {
+            return Err(Error::InvalidOption(
+                "samples_per_step is 0: a step trains on at least one sample".into(),
+            ));
+        }
         let start = opts.resume.as_ref().map_or(0, Resume::iteration);
         if start >= opts.iters {
             return Err(Error::InvalidOption(format!(
@@ -223,11 +236,29 @@ impl Fit {
 
     /// Train an allocated `model` (and a fresh `opt`, which a resume fills):
     /// restore the checkpoint, warm up, then every iteration apply the
-    /// schedule, call `step`, run backward, clip and update, and write a
-    /// metrics row. Ends with the loss plot (also after a failed step) and
-    /// the checkpoint; a Ctrl-C stops after the current step with a
-    /// checkpoint of it.
-    pub fn run<M, S>(self, model: &mut M, opt: &mut AdamW, mut step: S) -> Result<FitSummary>
+    /// schedule and the learning rate, call `step`, run backward, clip and
+    /// update, and write a metrics row. Ends with the loss plot (also after
+    /// a failed step) and the checkpoint; a Ctrl-C stops after the current
+    /// step with a checkpoint of it.
+    pub fn run<M, S>(self, model: &mut M, opt: &mut AdamW, step: S) -> Result<FitSummary>
+    where
+        M: PrecisionModel + Parameters,
+        S: FnMut(&mut M, Step) -> Result<Tensor>,
+    {
+        self.run_with_eval(model, opt, step, None)
+    }
+
+    /// [`Fit::run`], evaluating as `eval` says: an eval row in the metrics
+    /// after each step that reaches a multiple of `every_samples` and after
+    /// the last one, and a stop (with a checkpoint) once the eval loss
+    /// reaches the target.
+    pub fn run_with_eval<M, S>(
+        self,
+        model: &mut M,
+        opt: &mut AdamW,
+        mut step: S,
+        mut eval: Option<Eval<'_, M>>,
+    ) -> Result<FitSummary>
     where
         M: PrecisionModel + Parameters,
         S: FnMut(&mut M, Step) -> Result<Tensor>,
@@ -238,6 +269,7 @@ impl Fit {
             start,
         } = self;
         let iters = opts.iters;
+        let per_step = opts.samples_per_step;
         let schedule = opts
             .schedule
             .take()
@@ -245,11 +277,21 @@ impl Fit {
         Plan::of(model).check_not_empty(short_type_name::<M>())?;
         check_schedule::<M>(&schedule)?;
         if let Some(resume) = opts.resume.take() {
+            resume.checkpoint.check_samples(&resume.path, per_step)?;
             resume.checkpoint.restore(&resume.path, model, opt)?;
+        }
+        if eval.as_ref().is_some_and(|e| e.every_samples == 0) {
+            return Err(Error::InvalidOption(
+                "evaluating every 0 samples: give at least 1".into(),
+            ));
         }
         let warnings = late_phases(&schedule, iters, &opts.hints.late_phase);
         for w in &warnings {
             eprintln!("{w}");
+        }
+        let lr_at = |iter: u64| opts.lr.map(|s| s.at(iter));
+        if let Some(lr) = lr_at(start) {
+            opt.set_lr(lr);
         }
 
         let clip = opts.clip_norm;
@@ -263,6 +305,8 @@ impl Fit {
         })?;
         let mut summary = FitSummary {
             metrics: Vec::new(),
+            evals: Vec::new(),
+            target_reached: None,
             switches: Vec::new(),
             warnings,
             checkpoint: out.path(run_dir::CHECKPOINT),
@@ -275,8 +319,8 @@ impl Fit {
             summary.interrupted_at = Some(start);
             return Ok(summary);
         }
-        let bar = progress_bar(opts.progress, start, iters);
-        say(&bar, &report.to_string());
+        let mut progress = Progress::new(opts.progress, start, iters);
+        progress.say(&report.to_string());
 
         let mut metrics_out = out.open_metrics()?;
         let mut next = start;
@@ -285,8 +329,11 @@ impl Fit {
                 let sw = apply_schedule(model, &schedule, iter)?;
                 if sw.changed > 0 || iter == start {
                     let line = sw.to_string();
-                    say(&bar, &line);
+                    progress.say(&line);
                     summary.switches.push(line);
+                }
+                if let Some(lr) = lr_at(iter) {
+                    opt.set_lr(lr);
                 }
                 let t0 = Instant::now();
                 let at = Step {
@@ -300,21 +347,44 @@ impl Fit {
                 if iter == start {
                     mxswitch_runtime::profile::reset();
                 }
+                let samples = (iter + 1).saturating_mul(per_step);
                 let m = StepMetrics {
                     iter,
                     loss,
                     recipe: sw.recipe.to_string(),
                     layers_converted: sw.layers_converted,
                     linears_converted: sw.linears_converted,
+                    lr: opt.config().lr,
+                    samples,
                     step_time_ms,
                     saved_bytes_per_element: per_element,
                     device_peak_bytes: opts.device.peak_memory_bytes(),
                 };
-                metrics_out.write(&m)?;
-                bar.set_message(format!("loss {loss:.4}  {}", m.recipe));
-                bar.inc(1);
+                metrics_out.write(&MetricsRow::Step(m.clone()))?;
+                progress.step(&m);
                 summary.metrics.push(m);
                 next = iter + 1;
+                if let Some(ev) = eval.as_mut() {
+                    let due = samples / ev.every_samples > (samples - per_step) / ev.every_samples;
+                    if due || next == iters {
+                        let t0 = Instant::now();
+                        let eval_loss = timed("evaluation", || no_grad(|| (ev.loss)(model)))?;
+                        let e = EvalMetrics {
+                            iter,
+                            samples,
+                            eval_loss,
+                            recipe: sw.recipe.to_string(),
+                            eval_time_ms: t0.elapsed().as_secs_f64() * 1e3,
+                        };
+                        metrics_out.write(&MetricsRow::Eval(e.clone()))?;
+                        progress.eval(&e);
+                        summary.evals.push(e);
+                        if ev.target_loss.is_some_and(|t| eval_loss <= t) {
+                            summary.target_reached = Some(iter);
+                            break;
+                        }
+                    }
+                }
                 if interrupt::requested() && next < iters {
                     summary.interrupted_at = Some(next);
                     break;
@@ -323,32 +393,47 @@ impl Fit {
             Ok(())
         };
         let trained = trained();
-        bar.abandon();
-        let all: Vec<StepMetrics> = out
-            .earlier
+        progress.finish();
+        let all: Vec<&MetricsRow> = out.earlier.iter().collect();
+        let (mut steps, mut evals) = (Vec::new(), Vec::new());
+        for row in all {
+            match row {
+                MetricsRow::Step(m) => steps.push((m.iter, m.loss)),
+                MetricsRow::Eval(e) => evals.push((e.iter, e.eval_loss)),
+            }
+        }
+        steps.extend(summary.metrics.iter().map(|m| (m.iter, m.loss)));
+        evals.extend(summary.evals.iter().map(|e| (e.iter, e.eval_loss)));
+        let switches: Vec<Switch> = schedule
+            .phases()
             .iter()
-            .chain(&summary.metrics)
-            .cloned()
-            .collect();
-        let steps: Vec<(u64, f32)> = all.iter().map(|m| (m.iter, m.loss)).collect();
-        let switches: Vec<plot::Switch> = (schedule.phases().iter().skip(1))
-            .map(|p| plot::Switch {
+            .skip(1)
+            .map(|p| Switch {
                 iter: p.start,
                 recipe: p.recipe.to_string(),
             })
             .collect();
-        let loss_plot = plot::LossPlot {
-            title: "training loss",
-            steps: &steps,
-            evals: &[],
-            switches: &switches,
-            scale: plot::Scale::Linear,
-        };
         // A failed step still leaves the plot of the steps before it.
-        let plotted = plot::loss_curve(&summary.plot, &loss_plot);
+        let plotted = plot::loss_curve(
+            &summary.plot,
+            &LossPlot {
+                title: &opts.title,
+                steps: &steps,
+                evals: &evals,
+                switches: &switches,
+                scale: opts.plot_scale,
+            },
+        );
         trained?;
         plotted?;
-        save_checkpoint(&summary.checkpoint, model, opt, next, &opts.run)?;
+        save_checkpoint(
+            &summary.checkpoint,
+            model,
+            opt,
+            next,
+            next.saturating_mul(per_step),
+            &opts.run,
+        )?;
         Ok(summary)
     }
 }
@@ -413,30 +498,6 @@ fn late_phases(schedule: &Schedule, iters: u64, hint: &str) -> Vec<String> {
             )
         })
         .collect()
-}
-
-/// Print a line above the progress bar, or plainly when the bar is hidden
-/// (not a terminal, or progress off).
-fn say(bar: &ProgressBar, line: &str) {
-    if bar.is_hidden() {
-        println!("{line}");
-    } else {
-        bar.println(line);
-    }
-}
-
-fn progress_bar(show: bool, start: u64, iters: u64) -> ProgressBar {
-    if !show {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(iters);
-    bar.set_position(start);
-    if let Ok(style) =
-        ProgressStyle::with_template("{bar:40} {pos}/{len} [{elapsed_precise} < {eta}] {msg}")
-    {
-        bar.set_style(style);
-    }
-    bar
 }
 
 #[cfg(test)]

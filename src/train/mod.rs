@@ -52,15 +52,19 @@
 mod bfl_file;
 mod checkpoint;
 mod fit;
+mod flux_data;
 mod memory;
+mod metrics;
 mod plot;
+mod progress;
 mod record;
 mod run_dir;
+/// Precomputed Flux data in safetensors shards (`--data`, `--val-data`).
 pub mod shards;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use mxswitch_models::flux::{Batch, Flux, FluxInput, RunConfig, SyntheticData};
+use mxswitch_models::flux::{Batch, Flux, FluxInput, RunConfig};
 use mxswitch_runtime::module::{allocate, try_visit_params};
 use mxswitch_runtime::ops::mse_loss;
 use mxswitch_runtime::optim::{AdamW, AdamWConfig};
@@ -70,8 +74,12 @@ use mxswitch_runtime::{DType, Device, Error, Result, Tensor};
 
 pub use bfl_file::{export, ExportDType, FluxWeights};
 pub use checkpoint::{parse_checkpoint, read_checkpoint, save_checkpoint, Checkpoint};
-pub use fit::{fit, Fit, FitOptions, FitSummary, Hints, Resume, Step, StepMetrics};
-pub use record::{RunFlags, RunRecord};
+pub use fit::{fit, Eval, Fit, FitOptions, FitSummary, Hints, Resume, Step};
+pub use metrics::{EvalMetrics, MetricsRow, StepMetrics};
+pub use plot::Scale;
+pub use record::{DataRecord, RunFlags, RunRecord};
+
+use flux_data::{with_batches, TrainData};
 
 /// Gradient clipping threshold (SPEC section 8).
 const CLIP_NORM: f32 = 1.0;
@@ -98,10 +106,47 @@ pub struct TrainOptions {
     /// Start a new run from these Flux weights (Black Forest Labs' naming)
     /// instead of seeded ones.
     pub init_from: Option<PathBuf>,
+    /// Train on the safetensors shards in this folder instead of synthetic
+    /// data (a resume reads the recorded ones; given again, they must be
+    /// the same).
+    pub data: Option<PathBuf>,
+    /// Evaluate on the validation shards in this folder.
+    pub val_data: Option<PathBuf>,
+    /// Evaluate after every this many samples (and after the last step);
+    /// needs `val_data`. Without it, only after the last step.
+    pub eval_every: Option<u64>,
+    /// Stop once the eval loss is at most this; needs `val_data`.
+    pub target_loss: Option<f32>,
+    /// The loss plot's loss axis.
+    pub plot_scale: Scale,
     /// Replace a previous run in `out`.
     pub overwrite: bool,
     /// Show a progress bar (off in tests).
     pub progress: bool,
+}
+
+impl TrainOptions {
+    /// A new run of `config` into `out` on the CPU, synthetic data, no
+    /// evaluation, no progress bar: the other fields at their defaults.
+    pub fn new(config: RunConfig, out: impl Into<PathBuf>) -> TrainOptions {
+        TrainOptions {
+            config: Some(config),
+            iters: None,
+            switch_at: None,
+            device: Device::Cpu,
+            out: out.into(),
+            seed: None,
+            resume: None,
+            init_from: None,
+            data: None,
+            val_data: None,
+            eval_every: None,
+            target_loss: None,
+            plot_scale: Scale::Linear,
+            overwrite: false,
+            progress: false,
+        }
+    }
 }
 
 /// What a Flux run produced: the generic loop's summary.
@@ -179,43 +224,6 @@ fn flux_loss(model: &mut Flux, batch: Batch, device: &Device) -> Result<Tensor> 
     mse_loss(&pred.to_dtype(DType::F32)?, &batch.target)
 }
 
-/// Runs `body` with a source of the host batches of `iters`, in order. For a
-/// GPU they are built one step ahead on a helper thread, so the device does
-/// not wait for the host to make each step's data; the CPU builds them in
-/// line, since its cores run the step.
-fn with_batches<R>(
-    data: &SyntheticData,
-    act: DType,
-    device: Device,
-    iters: std::ops::Range<u64>,
-    body: impl FnOnce(&mut dyn FnMut() -> Result<Batch>) -> Result<R>,
-) -> Result<R> {
-    if device == Device::Cpu {
-        let mut it = iters;
-        return body(&mut || {
-            let iter = it
-                .next()
-                .ok_or_else(|| Error::Backend("no batch left to train on".into()))?;
-            data.batch(iter, act)
-        });
-    }
-    std::thread::scope(|s| {
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        s.spawn(move || {
-            for iter in iters {
-                // A closed channel means training stopped early.
-                if tx.send(data.batch(iter, act)).is_err() {
-                    break;
-                }
-            }
-        });
-        body(&mut || {
-            rx.recv()
-                .map_err(|_| Error::Backend("the data thread stopped".into()))?
-        })
-    })
-}
-
 /// Train as `opts` says.
 ///
 /// The run executes inside a rayon pool so that the ops' parallel loops are
@@ -239,27 +247,80 @@ fn resolve_run(opts: &TrainOptions) -> Result<(RunRecord, Option<Resume>)> {
     };
     let Some(path) = &opts.resume else {
         let adamw = flags.config.map(adamw_config).unwrap_or_default();
-        return Ok((RunRecord::new(&flags, adamw, CLIP_NORM)?, None));
+        let mut run = RunRecord::new(&flags, adamw, CLIP_NORM)?;
+        if let Some(dir) = &opts.data {
+            run.data = Some(flux_data::record_shards(dir, &run.config)?);
+        }
+        return Ok((run, None));
     };
     let resume = Resume::read(path)?;
     let recorded =
         RunRecord::from_checkpoint(&resume.checkpoint).map_err(|e| checkpoint::err(path, e))?;
     let adamw = adamw_config(&recorded.config);
-    let run = recorded.resumed(resume.iteration(), &flags, adamw, CLIP_NORM)?;
+    let mut run = recorded.resumed(resume.iteration(), &flags, adamw, CLIP_NORM)?;
+    run.data = flux_data::resumed_data(&run, opts.data.as_deref())?;
     Ok((run, Some(resume)))
+}
+
+/// The evaluation flags, checked before any work: they need `--val-data`,
+/// and the target is a loss (finite, >= 0).
+fn check_eval_flags(opts: &TrainOptions) -> Result<()> {
+    if opts.val_data.is_none() {
+        for (flag, given) in [
+            ("--eval-every", opts.eval_every.is_some()),
+            ("--target-loss", opts.target_loss.is_some()),
+        ] {
+            if given {
+                return Err(Error::InvalidOption(format!(
+                    "{flag} needs --val-data DIR: the validation shards to evaluate on"
+                )));
+            }
+        }
+    }
+    if opts.eval_every == Some(0) {
+        return Err(Error::InvalidOption(
+            "--eval-every 0: give a number of samples, at least 1".into(),
+        ));
+    }
+    if let Some(t) = opts.target_loss.filter(|t| !(t.is_finite() && *t >= 0.0)) {
+        return Err(Error::InvalidOption(format!(
+            "--target-loss {t}: give a finite loss >= 0 (MLPerf's Flux target is 0.586)"
+        )));
+    }
+    Ok(())
+}
+
+/// The plot's title: the config and its schedule, `flux-tiny: mxfp4 @ 0, fp8 @ 40`.
+fn title_of(cfg: &RunConfig, schedule: &Schedule) -> String {
+    let name = Path::new(cfg.origin_name())
+        .file_stem()
+        .map_or_else(|| cfg.origin_name().into(), |s| s.to_string_lossy());
+    let phases: Vec<String> = schedule
+        .phases()
+        .iter()
+        .map(|p| format!("{} @ {}", p.recipe, p.start))
+        .collect();
+    format!("{name}: {}", phases.join(", "))
 }
 
 fn train_in_pool(opts: &TrainOptions) -> Result<TrainSummary> {
     check_device(opts.device)?;
+    check_eval_flags(opts)?;
     let (run, resume) = resolve_run(opts)?;
     let cfg = &run.config;
     let iters = run.iters;
     let schedule = run.schedule()?;
+    let lr = cfg.train.lr_schedule(iters)?;
     let act = if cfg.train.activations == "bf16" {
         DType::BF16
     } else {
         DType::F32
     };
+    let val = opts
+        .val_data
+        .as_deref()
+        .map(|dir| flux_data::open_val(dir, cfg))
+        .transpose()?;
     // Refused before the output folder is created.
     memory::check_memory(cfg, opts.device, resume.is_some())?;
     let init = match (&opts.init_from, &resume) {
@@ -271,6 +332,7 @@ fn train_in_pool(opts: &TrainOptions) -> Result<TrainSummary> {
         (Some(path), None) => Some(FluxWeights::read(path, &cfg.model)?),
         (None, _) => None,
     };
+    let data = TrainData::of(&run)?;
     let record = serde_json::to_string(&run)
         .map_err(|e| Error::InvalidOption(format!("the run record: {e}")))?;
     let fit = Fit::prepare(FitOptions {
@@ -287,6 +349,10 @@ fn train_in_pool(opts: &TrainOptions) -> Result<TrainSummary> {
             diverged: "lower train.lr or resume from an earlier checkpoint".into(),
             late_phase: "raise --iters or move the switch".into(),
         },
+        lr: Some(lr),
+        samples_per_step: cfg.data.batch as u64,
+        title: title_of(cfg, &schedule),
+        plot_scale: opts.plot_scale,
     })?;
     let start = fit.start();
 
@@ -303,19 +369,32 @@ fn train_in_pool(opts: &TrainOptions) -> Result<TrainSummary> {
     }
     let mut opt = AdamW::new(run.adamw)?;
 
-    let data = SyntheticData::new(&cfg.model, &cfg.data, run.seed);
     let device = opts.device;
+    let batch = cfg.data.batch;
+    let mut val_loss = val
+        .as_ref()
+        .map(|v| move |m: &mut Flux| flux_data::eval_loss(m, v, batch, act, &device));
+    let eval = val_loss.as_mut().map(|loss| Eval {
+        every_samples: opts.eval_every.unwrap_or(u64::MAX),
+        target_loss: opts.target_loss,
+        loss,
+    });
     with_batches(&data, act, device, start..iters, |next_batch| {
-        fit.run(&mut model, &mut opt, |m, step| {
-            // Warm-up steps on the first iteration's batch, built apart
-            // from the queue of the run's batches.
-            let batch = if step.warmup {
-                data.batch(step.iteration, act)?
-            } else {
-                next_batch()?
-            };
-            flux_loss(m, batch, &device)
-        })
+        fit.run_with_eval(
+            &mut model,
+            &mut opt,
+            |m, step| {
+                // Warm-up steps on the first iteration's batch, built apart
+                // from the queue of the run's batches.
+                let batch = if step.warmup {
+                    data.batch(step.iteration, act)?
+                } else {
+                    next_batch()?
+                };
+                flux_loss(m, batch, &device)
+            },
+            eval,
+        )
     })
 }
 
@@ -323,9 +402,10 @@ fn train_in_pool(opts: &TrainOptions) -> Result<TrainSummary> {
 mod tests {
     use super::*;
 
-    fn tiny_data() -> (SyntheticData, RunConfig) {
+    fn tiny_data() -> (TrainData, RunConfig) {
         let cfg = RunConfig::load("flux-tiny").expect("built-in config");
-        (SyntheticData::new(&cfg.model, &cfg.data, 7), cfg)
+        let data = mxswitch_models::flux::SyntheticData::new(&cfg.model, &cfg.data, 7);
+        (TrainData::Synthetic(data), cfg)
     }
 
     fn same(a: &Batch, b: &Batch) -> bool {

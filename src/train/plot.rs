@@ -27,6 +27,7 @@ pub struct Switch {
 /// The loss axis.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Scale {
+    /// Linear axis from (about) zero: the default.
     #[default]
     Linear,
     /// Log10 axis: shows late, small improvements that a linear axis flattens.

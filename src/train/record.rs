@@ -37,6 +37,20 @@ pub struct RunRecord {
     pub adamw: AdamWConfig,
     /// The gradient clipping threshold it was trained with.
     pub clip_norm: f32,
+    /// The training shards it reads (`--data`); `None` is the seeded
+    /// synthetic data.
+    #[serde(default)]
+    pub data: Option<DataRecord>,
+}
+
+/// The training shards of a run, as its checkpoint records them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataRecord {
+    /// The folder as given.
+    pub dir: std::path::PathBuf,
+    /// The shard set's fingerprint: a resume must read the same shards.
+    pub fingerprint: String,
 }
 
 /// The flags of `mxswitch train` that decide what the run is.
@@ -97,6 +111,7 @@ impl RunRecord {
             iters,
             adamw,
             clip_norm,
+            data: None,
         };
         record.schedule()?;
         Ok(record)
@@ -335,6 +350,7 @@ mod tests {
     fn checkpoint(run: &str, iteration: u64) -> Checkpoint {
         let meta = std::collections::HashMap::from([
             ("iteration".to_string(), iteration.to_string()),
+            ("samples".to_string(), (iteration * 4).to_string()),
             ("run".to_string(), run.to_string()),
             ("adamw.steps".to_string(), r#"{"w": 1}"#.to_string()),
         ]);

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use mxswitch_runtime::{Error, Result};
 
-use super::StepMetrics;
+use super::metrics::MetricsRow;
 use crate::files;
 
 pub const METRICS: &str = "metrics.jsonl";
@@ -28,7 +28,7 @@ const RUN_FILES: [&str; 3] = [METRICS, PLOT, CHECKPOINT];
 pub struct RunDir {
     pub dir: PathBuf,
     /// Metrics rows of the earlier part of a run resumed in this folder.
-    pub earlier: Vec<StepMetrics>,
+    pub earlier: Vec<MetricsRow>,
     /// Remove the old run's files before writing (`--overwrite`).
     clear: bool,
 }
@@ -112,7 +112,7 @@ impl RunDir {
     }
 }
 
-/// Appends one JSON row per step to `metrics.jsonl`.
+/// Appends one JSON row per step or evaluation to `metrics.jsonl`.
 #[derive(Debug)]
 pub struct MetricsWriter {
     path: PathBuf,
@@ -120,22 +120,22 @@ pub struct MetricsWriter {
 }
 
 impl MetricsWriter {
-    pub fn write(&mut self, m: &StepMetrics) -> Result<()> {
+    pub fn write(&mut self, m: &MetricsRow) -> Result<()> {
         self.file
             .write_all(row(m)?.as_bytes())
             .map_err(|e| io(format!("writing {}", self.path.display()), e))
     }
 }
 
-fn row(m: &StepMetrics) -> Result<String> {
+fn row(m: &MetricsRow) -> Result<String> {
     serde_json::to_string(m)
         .map(|s| s + "\n")
-        .map_err(|e| Error::Io(format!("metrics row of iteration {}: {e}", m.iter)))
+        .map_err(|e| Error::Io(format!("metrics row of iteration {}: {e}", m.iter())))
 }
 
 /// The rows of an existing `metrics.jsonl` before iteration `start`; a
 /// missing file has none.
-fn read_metrics(path: &Path, start: u64) -> Result<Vec<StepMetrics>> {
+fn read_metrics(path: &Path, start: u64) -> Result<Vec<MetricsRow>> {
     let file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -147,14 +147,14 @@ fn read_metrics(path: &Path, start: u64) -> Result<Vec<StepMetrics>> {
         if line.trim().is_empty() {
             continue;
         }
-        let m: StepMetrics = serde_json::from_str(&line).map_err(|e| {
+        let m: MetricsRow = serde_json::from_str(&line).map_err(|e| {
             Error::Io(format!(
                 "{} line {} is not a metrics row ({e}); move the file away or pass --overwrite",
                 path.display(),
                 i + 1
             ))
         })?;
-        if m.iter < start {
+        if m.iter() < start {
             rows.push(m);
         }
     }

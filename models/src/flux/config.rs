@@ -11,6 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use mxswitch_runtime::lr_schedule::{Decay, LrSchedule};
 use mxswitch_runtime::plan::PrecisionModel;
 use mxswitch_runtime::ron_span::RonSource;
 use mxswitch_runtime::schedule_config::{syntax_error, ScheduleConfig, ToSchedule};
@@ -83,6 +84,32 @@ pub struct TrainConfig {
     /// `f32` or `bf16`.
     #[serde(default = "default_activations")]
     pub activations: String,
+    /// Iterations of linear learning-rate warm-up [default 0]; fewer than
+    /// `iters`.
+    #[serde(default)]
+    pub warmup_steps: u64,
+    /// The learning rate after warm-up: `constant` [default] or `cosine`
+    /// (to 0 at the end of the run).
+    #[serde(default = "default_lr_decay")]
+    pub lr_decay: String,
+}
+
+impl TrainConfig {
+    /// The learning rate of each iteration of a run of `iters` iterations
+    /// (the config's own, or `--iters`).
+    pub fn lr_schedule(&self, iters: u64) -> Result<LrSchedule> {
+        let decay = Decay::from_name(&self.lr_decay).ok_or_else(|| {
+            Error::Config(format!(
+                "train.lr_decay must be \"constant\" or \"cosine\", got {:?}",
+                self.lr_decay
+            ))
+        })?;
+        LrSchedule::new(self.lr, self.warmup_steps, decay, iters)
+    }
+}
+
+fn default_lr_decay() -> String {
+    Decay::Constant.name().into()
 }
 
 fn default_activations() -> String {
@@ -297,6 +324,21 @@ impl RunConfig {
             return fail("train.iters", "must be at least 1, got 0".into());
         }
         positive("train.lr", t.lr)?;
+        if t.warmup_steps >= t.iters {
+            return fail(
+                "train.warmup_steps",
+                format!(
+                    "must be fewer than train.iters {}, got {}",
+                    t.iters, t.warmup_steps
+                ),
+            );
+        }
+        if Decay::from_name(&t.lr_decay).is_none() {
+            return fail(
+                "train.lr_decay",
+                format!("must be \"constant\" or \"cosine\", got {:?}", t.lr_decay),
+            );
+        }
         if !matches!(t.activations.as_str(), "f32" | "bf16") {
             return fail(
                 "train.activations",
@@ -433,6 +475,39 @@ mod tests {
             .starts_with("bad.ron:30:48: schedule.phases[1].start: schedule phases out of order"));
         let e = error_of("(model: (hidden_size: 64,\n bogus: 1))");
         assert!(e.starts_with("bad.ron:2:"), "{e}");
+    }
+
+    /// The learning-rate keys default to a constant rate without warm-up,
+    /// and a bad one is an error at its field.
+    #[test]
+    fn learning_rate_schedules_are_checked_at_their_fields() {
+        let cfg = RunConfig::load("flux-tiny").unwrap();
+        assert_eq!(
+            (cfg.train.warmup_steps, cfg.train.lr_decay.as_str()),
+            (0, "constant")
+        );
+        let with = |extra: &str| {
+            PRESETS[0].1.replace(
+                "activations: \"f32\",",
+                &format!("activations: \"f32\", {extra}"),
+            )
+        };
+        let ok = RunConfig::from_ron(&with("warmup_steps: 10, lr_decay: \"cosine\","), "ok.ron")
+            .unwrap();
+        let s = ok.train.lr_schedule(80).unwrap();
+        assert!(s.at(0) < s.at(9) && s.at(9) == ok.train.lr && s.at(79) < s.at(10));
+        let e = error_of(&with("warmup_steps: 80,"));
+        assert!(
+            e.contains("train.warmup_steps must be fewer than train.iters 80, got 80"),
+            "{e}"
+        );
+        let e = error_of(&with("lr_decay: \"linear\","));
+        assert!(
+            e.contains("train.lr_decay must be \"constant\" or \"cosine\", got \"linear\""),
+            "{e}"
+        );
+        // --iters shorter than the warm-up is refused when the run is built.
+        assert!(ok.train.lr_schedule(10).is_err());
     }
 
     /// A config built in code is checked the same way, without a position.
