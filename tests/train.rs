@@ -112,7 +112,9 @@ fn flux_tiny_trains_through_the_switch() {
             "layers_converted",
             "linears_converted",
             "loss",
+            "lr",
             "recipe",
+            "samples",
             "saved_bytes_per_element",
             "step_time_ms"
         ]
