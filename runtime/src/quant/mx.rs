@@ -140,14 +140,14 @@ pub fn swap_last_two<T: Copy + Default + Send + Sync>(
 }
 
 /// Split a shape around `axis` into (outer, len, inner).
-fn split_shape(shape: &[usize], axis: usize) -> (usize, usize, usize) {
+pub(super) fn split_shape(shape: &[usize], axis: usize) -> (usize, usize, usize) {
     let outer = shape[..axis].iter().product();
     let inner = shape[axis + 1..].iter().product();
     (outer, shape[axis], inner)
 }
 
 /// `x` of `shape` with `axis` moved last: borrowed when it already is.
-fn axis_last<'a>(x: &'a [f32], shape: &[usize], axis: usize) -> Cow<'a, [f32]> {
+pub(super) fn axis_last<'a>(x: &'a [f32], shape: &[usize], axis: usize) -> Cow<'a, [f32]> {
     match split_shape(shape, axis) {
         (_, _, 1) => Cow::Borrowed(x),
         (outer, len, inner) => Cow::Owned(swap_last_two(x, outer, len, inner)),
@@ -210,7 +210,7 @@ pub fn quantize_rows(x: &[f32], rows: usize, len: usize, cfg: &MxConfig) -> Resu
 
 /// Zero-pad each row to `padded_len` and apply the Hadamard rotation if asked.
 /// Borrows the input when there is nothing to do.
-fn prepare_rows(
+pub(super) fn prepare_rows(
     x: &[f32],
     rows: usize,
     len: usize,
@@ -240,7 +240,7 @@ fn prepare_rows(
 /// Works on the absolute-value bits as integers: every NaN sorts above Inf,
 /// which sorts above every finite value, so one integer max does it all.
 #[inline(always)]
-fn block_amax(block: &[f32]) -> f32 {
+pub(super) fn block_amax(block: &[f32]) -> f32 {
     let mut m = 0i32;
     for &v in block {
         m = m.max((v.to_bits() & 0x7FFF_FFFF) as i32);
