@@ -1,4 +1,4 @@
-//! Property test of the three readers (issue 11): each gets 10,000 inputs
+//! Property test of the readers of untrusted bytes (issue 11; the shard reader since issue 16): each gets 10,000 inputs
 //! mutated from the committed fuzz seeds by a seeded mutator, and none may
 //! panic or make a huge single allocation. It is the fuzz targets' harness
 //! (`fuzz/src/lib.rs`) run without libFuzzer, so it needs no nightly flags
@@ -663,13 +663,53 @@ fn checkpoint_loader_survives_mutated_checkpoints() {
     assert_reached("checkpoint_loader", &stages, Stage::Used, 0.02);
 }
 
-/// Rewrites the generated seeds: small safetensors files from both writers
-/// and the micro model's checkpoint from a real training run.
+#[test]
+fn shard_reader_survives_mutated_shards() {
+    let seeds = seeds("shard_reader", &[]);
+    let mut target = harness::ShardTarget::new();
+    let stages = run(
+        "shard_reader",
+        Format::Safetensors,
+        &seeds,
+        Some("read whole"),
+        |b| target.load(b),
+    );
+    assert_reached("shard_reader", &stages, Stage::Parsed, 0.02);
+    assert_reached("shard_reader", &stages, Stage::Used, 0.02);
+}
+
+/// Rewrites the generated seeds: small safetensors files from both writers,
+/// the micro model's checkpoint from a real training run and a validation
+/// shard for it from the synthetic dataset writer.
 #[test]
 #[ignore = "writes the seed corpus under fuzz/corpus; run by hand"]
 fn write_seed_corpus() {
     write_safetensors_seeds();
     write_checkpoint_seeds();
+    write_shard_seeds();
+}
+
+fn write_shard_seeds() {
+    use mxswitch::models::flux::RunConfig;
+    use mxswitch::train::shards::{write_synthetic_shards, ShardDType, SyntheticShards};
+
+    let dir = corpus_dir("shard_reader");
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = RunConfig::from_ron(harness::MICRO_CONFIG, "seed-micro.ron").unwrap();
+    for (dtype, name) in [(ShardDType::F32, "f32"), (ShardDType::BF16, "bf16")] {
+        let out = tempfile::tempdir().unwrap();
+        let opts = SyntheticShards {
+            samples: 5,
+            shards: 1,
+            seed: 3,
+            val: true,
+            dtype,
+            overwrite: false,
+        };
+        let written = write_synthetic_shards(out.path(), &cfg.model, &cfg.data, &opts).unwrap();
+        let bytes = std::fs::read(&written.written[0].0).unwrap();
+        std::fs::write(dir.join(format!("seed-val-{name}.safetensors")), bytes).unwrap();
+    }
 }
 
 fn write_safetensors_seeds() {

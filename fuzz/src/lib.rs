@@ -13,7 +13,9 @@ use mxswitch::models::flux::{Flux, RunConfig};
 use mxswitch::runtime::module::{allocate, try_count_params};
 use mxswitch::runtime::optim::{AdamW, AdamWConfig};
 use mxswitch::runtime::plan::check_schedule;
+use mxswitch::runtime::DType;
 use mxswitch::st_file;
+use mxswitch::train::shards::{Role, ShardSet, ValShards};
 use mxswitch::train::{parse_checkpoint, schedule_of, RunFlags, RunRecord};
 
 /// How far one input got.
@@ -156,5 +158,50 @@ impl CheckpointTarget {
 impl Default for CheckpointTarget {
     fn default() -> Self {
         CheckpointTarget::new()
+    }
+}
+
+/// The shard reader of `train --data` / `--val-data`: the input is the one
+/// shard of a folder, opened as a validation set for the micro config (the
+/// header checks), then read whole in batches of 2 (every sample's rows,
+/// dtype conversion and the non-finite check). The folder is this target's
+/// own, reused across inputs.
+pub struct ShardTarget {
+    dir: tempfile::TempDir,
+    cfg: RunConfig,
+}
+
+impl ShardTarget {
+    pub fn new() -> ShardTarget {
+        ShardTarget {
+            dir: tempfile::tempdir().expect("a temporary folder"),
+            cfg: RunConfig::from_ron(MICRO_CONFIG, "seed-micro.ron").expect("the micro config"),
+        }
+    }
+
+    pub fn load(&mut self, data: &[u8]) -> Stage {
+        let file = self.dir.path().join("shard.safetensors");
+        std::fs::write(&file, data).expect("writing the shard under test");
+        let (model, shape) = (&self.cfg.model, &self.cfg.data);
+        let Ok(set) = ShardSet::open(self.dir.path(), model, shape, Role::Val) else {
+            return Stage::Rejected;
+        };
+        let samples = set.len();
+        let val = ValShards::new(set).expect("a set opened as validation data");
+        let mut read = 0;
+        for batch in val.batches(2, DType::F32) {
+            match batch {
+                Ok(b) => read += b.timesteps.len() as u64,
+                Err(_) => return Stage::Parsed,
+            }
+        }
+        assert_eq!(read, samples, "the batches hold every sample once");
+        Stage::Used
+    }
+}
+
+impl Default for ShardTarget {
+    fn default() -> Self {
+        ShardTarget::new()
     }
 }
