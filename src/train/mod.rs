@@ -59,7 +59,6 @@ mod plot;
 mod progress;
 mod record;
 mod run_dir;
-/// Precomputed Flux data in safetensors shards (`--data`, `--val-data`).
 pub mod shards;
 
 use std::path::{Path, PathBuf};

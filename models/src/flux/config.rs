@@ -88,7 +88,7 @@ pub struct TrainConfig {
     /// `iters`.
     #[serde(default)]
     pub warmup_steps: u64,
-    /// The learning rate after warm-up: `constant` [default] or `cosine`
+    /// The learning rate after warm-up: `constant` (the default) or `cosine`
     /// (to 0 at the end of the run).
     #[serde(default = "default_lr_decay")]
     pub lr_decay: String,
