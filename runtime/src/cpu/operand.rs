@@ -334,8 +334,13 @@ impl LinearBackend for CpuStorage {
             CpuOperand::Bf16 { bits, .. } => 2 * bits.len(),
             CpuOperand::Fp8 { q, .. } => q.nbytes(),
             CpuOperand::Mx(q) => q.nbytes(),
+            // Padded as stored: under the Hadamard the padding of a row's
+            // last group of 16 holds rotated values the GEMM reads.
             CpuOperand::Nvfp4(q) => q.nbytes(),
-            CpuOperand::Fp8Group(q) => q.nbytes(),
+            // A byte per real element and the two f32 of every group (SPEC
+            // 3b's `nbytes` without the zero padding of a last 128-block,
+            // which no GEMM needs: "1.0 plus its scales", SPEC 4a).
+            CpuOperand::Fp8Group(q) => q.rows * q.len + 8 * q.scales.len(),
         }
     }
 
