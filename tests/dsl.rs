@@ -651,4 +651,11 @@ fn allow_lists_recipes_a_run_time_schedule_may_use() {
         ]
     );
     assert_eq!(*AllowingFromConfig::schedule(), *PerGemm::schedule());
+    let s = AllowingFromConfig::schedule_from_ron(
+        r#"(phases: [(start: 0, recipe: "mxfp4", options: (dgrad: "fp8_block"))])"#,
+    )
+    .unwrap();
+    let mut model = AllowingFromConfig::new(1);
+    model.apply_with(&s, 0).unwrap();
+    assert_eq!(model.img_in.recipe.to_string(), "mxfp4(dgrad = fp8_block)");
 }
