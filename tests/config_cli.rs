@@ -165,7 +165,7 @@ fn schedule_errors_name_file_line_and_column() {
         ),
         (
             phases(r#"[(start: 0, recipe: "mxfp4"), (start: 40, recipe: "bf16")]"#),
-            "30:59: schedule.phases[1].recipe `bf16` is not allowed for Flux, whose #[precision] attribute names only mxfp4, fp8",
+            "30:59: schedule.phases[1].recipe `bf16` is not allowed for Flux, whose #[precision] attribute names only mxfp4, fp8, nvfp4, fp8_rowwise, fp8_block",
         ),
     ];
     for (text, want) in cases {

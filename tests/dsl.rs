@@ -593,3 +593,69 @@ fn a_run_time_schedule_may_set_per_gemm_options_among_the_named_recipes() {
         "{err}"
     );
 }
+
+model!(
+    #[precision(mxfp4, switch_to = fp8, at = 12000, allow = [nvfp4, fp8_rowwise, fp8_block])]
+    Allowing
+);
+model!(
+    #[precision(config = "tests/configs/per_gemm.ron", allow = [fp8_block])]
+    AllowingFromConfig
+);
+
+/// `allow = [...]` adds recipes to the allow-list without scheduling them:
+/// the attribute's schedule is unchanged, and a run-time schedule may name
+/// them, as base recipes or in per-GEMM overrides.
+#[test]
+fn allow_lists_recipes_a_run_time_schedule_may_use() {
+    assert_eq!(
+        Allowing::RECIPES,
+        [
+            RecipeKind::Mxfp4,
+            RecipeKind::Fp8,
+            RecipeKind::Nvfp4,
+            RecipeKind::Fp8Rowwise,
+            RecipeKind::Fp8Block
+        ]
+    );
+    assert_eq!(Allowing::SCHEDULE_TEXT, Switch::SCHEDULE_TEXT);
+    assert_eq!(*Allowing::schedule(), *Switch::schedule());
+    let s = Allowing::schedule_from_ron(
+        r#"(phases: [(start: 0, recipe: "nvfp4"), (start: 40, recipe: "fp8_block"),
+                     (start: 60, recipe: "mxfp4", options: (wgrad: "fp8_rowwise"))])"#,
+    )
+    .unwrap();
+    let mut model = Allowing::new(2);
+    let report = model.apply_with(&s, 40).unwrap();
+    assert_eq!(
+        report.to_string(),
+        "4/4 layers (10/10 linears) now fp8_block at iteration 40"
+    );
+    assert_eq!(model.img_in.recipe, Recipe::new(RecipeKind::Fp8Block));
+    // Still an allow-list: bf16 is named nowhere.
+    let err = Allowing::schedule_from_ron(r#"(phases: [(start: 0, recipe: "bf16")])"#)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("names only mxfp4, fp8, nvfp4, fp8_rowwise, fp8_block"),
+        "{err}"
+    );
+    // With `config`, `allow` adds to the file's recipes.
+    assert_eq!(
+        AllowingFromConfig::RECIPES,
+        [
+            RecipeKind::Mxfp4,
+            RecipeKind::Bf16,
+            RecipeKind::Fp8,
+            RecipeKind::Fp8Block
+        ]
+    );
+    assert_eq!(*AllowingFromConfig::schedule(), *PerGemm::schedule());
+    let s = AllowingFromConfig::schedule_from_ron(
+        r#"(phases: [(start: 0, recipe: "mxfp4", options: (dgrad: "fp8_block"))])"#,
+    )
+    .unwrap();
+    let mut model = AllowingFromConfig::new(1);
+    model.apply_with(&s, 0).unwrap();
+    assert_eq!(model.img_in.recipe.to_string(), "mxfp4(dgrad = fp8_block)");
+}

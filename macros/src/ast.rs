@@ -24,6 +24,9 @@ pub struct PrecisionAttr {
     pub order: Option<Keyed<TokenTree>>,
     pub schedule: Option<Keyed<Vec<PhaseSpec>>>,
     pub config: Option<Keyed<LitStr>>,
+    /// `allow = [nvfp4, fp8_block]`: recipes a run-time schedule may use
+    /// besides those the schedule names.
+    pub allow: Option<Keyed<Vec<RecipeSpec>>>,
 }
 
 /// A `key = value` argument; `key` is the span errors about the key point at.

@@ -115,6 +115,9 @@ fn parse_key(input: ParseStream, attr: &mut PrecisionAttr, cx: &Ctxt) -> syn::Re
     } else if la.peek(kw::config) {
         let key = keyword(input.parse::<kw::config>()?.span, symbol::CONFIG, input)?;
         set(&mut attr.config, key, input.parse::<LitStr>()?, cx);
+    } else if la.peek(kw::allow) {
+        let key = keyword(input.parse::<kw::allow>()?.span, symbol::ALLOW, input)?;
+        set(&mut attr.allow, key, parse_names(input)?, cx);
     } else if input.peek(Ident::peek_any) {
         let key = input.call(Ident::parse_any)?;
         skip_value(input)?;
@@ -186,6 +189,15 @@ fn parse_recipe(input: ParseStream) -> syn::Result<RecipeSpec> {
         options.extend(parsed);
     }
     Ok(RecipeSpec { name, options })
+}
+
+/// `[nvfp4, fp8_block]`: recipe names (`valid.rs` looks them up and
+/// refuses options, which belong to a schedule).
+fn parse_names(input: ParseStream) -> syn::Result<Vec<RecipeSpec>> {
+    let content;
+    bracketed!(content in input);
+    let names = Punctuated::<RecipeSpec, Token![,]>::parse_terminated_with(&content, parse_recipe)?;
+    Ok(names.into_iter().collect())
 }
 
 /// `[mxfp4 @ 0, fp8 @ 12000, bf16 @ 15000]`.

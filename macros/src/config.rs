@@ -57,6 +57,7 @@ pub fn load(lit: &LitStr, cx: &Ctxt) -> Option<Schedule> {
             layers_per_iter: checked.layers_per_iter,
             order: checked.order,
             config: Some(path),
+            allow: Vec::new(),
         }),
         Err(errors) => {
             for e in errors {

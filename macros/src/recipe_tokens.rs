@@ -71,10 +71,12 @@ pub fn order(o: Order, p: &TokenStream) -> TokenStream {
 }
 
 /// Every recipe the schedule's GEMMs use, per-GEMM overrides included, in
-/// phase order without repeats: the model's allow-list.
+/// phase order without repeats, then those of `allow = [...]`: the model's
+/// allow-list.
 pub fn kinds(schedule: &Schedule, p: &TokenStream) -> Vec<TokenStream> {
     let mut kinds: Vec<RecipeKind> = Vec::new();
-    for k in schedule.phases.iter().flat_map(|ph| ph.recipe.kinds()) {
+    let named = schedule.phases.iter().flat_map(|ph| ph.recipe.kinds());
+    for k in named.chain(schedule.allow.iter().copied()) {
         if !kinds.contains(&k) {
             kinds.push(k);
         }

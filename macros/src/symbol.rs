@@ -11,6 +11,7 @@ pub mod kw {
     syn::custom_keyword!(order);
     syn::custom_keyword!(schedule);
     syn::custom_keyword!(config);
+    syn::custom_keyword!(allow);
 }
 
 pub const LAYER: &str = "layer";
@@ -20,9 +21,18 @@ pub const LAYERS_PER_ITER: &str = "layers_per_iter";
 pub const ORDER: &str = "order";
 pub const SCHEDULE: &str = "schedule";
 pub const CONFIG: &str = "config";
+pub const ALLOW: &str = "allow";
 
 /// The keys of a root attribute, in the order the docs list them.
-pub const KEYS: [&str; 6] = [SWITCH_TO, AT, LAYERS_PER_ITER, ORDER, SCHEDULE, CONFIG];
+pub const KEYS: [&str; 7] = [
+    SWITCH_TO,
+    AT,
+    LAYERS_PER_ITER,
+    ORDER,
+    SCHEDULE,
+    CONFIG,
+    ALLOW,
+];
 
 /// Field marks, inert helper attributes that `#[precision]` strips.
 pub const QUANTIZE: &str = "quantize";

@@ -13,7 +13,7 @@ use quote::ToTokens;
 use syn::{Expr, Lit, UnOp};
 
 pub use mxswitch_recipes::suggest;
-use mxswitch_recipes::{check_phases, At, Order, Phase, PhaseAt, Recipe};
+use mxswitch_recipes::{check_phases, At, Order, Phase, PhaseAt, Recipe, RecipeKind};
 
 use crate::ast::{Input, Keyed, PhaseSpec, PrecisionAttr, RecipeSpec};
 use crate::config;
@@ -66,6 +66,9 @@ pub struct Schedule {
     pub order: Order,
     /// The RON file the schedule came from, to rebuild when it changes.
     pub config: Option<PathBuf>,
+    /// `allow = [...]`: recipes a run-time schedule may use besides those
+    /// the phases name (none are in the phases).
+    pub allow: Vec<RecipeKind>,
 }
 
 impl fmt::Display for Schedule {
@@ -97,7 +100,9 @@ pub fn check(attr: &PrecisionAttr, input: &Input, cx: &Ctxt) -> Option<Role> {
     }
     if let Some(config) = &attr.config {
         reject_besides_config(attr, cx);
-        return config::load(&config.value, cx).map(Role::Root);
+        let mut schedule = config::load(&config.value, cx)?;
+        schedule.allow = allowed(attr, &schedule.phases, cx)?;
+        return Some(Role::Root(schedule));
     }
     let phases = match &attr.schedule {
         Some(list) => schedule_phases(attr, list, cx),
@@ -139,12 +144,66 @@ pub fn check(attr: &PrecisionAttr, input: &Input, cx: &Ctxt) -> Option<Role> {
             );
         }
     }
+    let allow = allowed(attr, &phases, cx);
     Some(Role::Root(Schedule {
         phases,
         layers_per_iter: layers_per_iter?,
         order: order?,
         config: None,
+        allow: allow?,
     }))
+}
+
+/// `allow = [nvfp4, fp8_block]`: recipe names, each once, without options,
+/// and none that the schedule already names (listing it would change nothing).
+fn allowed(attr: &PrecisionAttr, phases: &[Phase], cx: &Ctxt) -> Option<Vec<RecipeKind>> {
+    let Some(list) = &attr.allow else {
+        return Some(Vec::new());
+    };
+    if list.value.is_empty() {
+        cx.error_spanned_by(
+            &list.key,
+            "`allow = []` allows nothing: list the recipes a run-time schedule may use besides \
+             the attribute's, e.g. `allow = [nvfp4, fp8_block]`, or remove `allow`",
+        );
+        return None;
+    }
+    let named: Vec<RecipeKind> = phases.iter().flat_map(|p| p.recipe.kinds()).collect();
+    let mut kinds = Vec::new();
+    let mut ok = true;
+    for spec in &list.value {
+        let kind = match RecipeKind::from_name(&spec.name.to_string()) {
+            Ok(kind) => kind,
+            Err(e) => {
+                cx.error_spanned_by(&spec.name, e);
+                ok = false;
+                continue;
+            }
+        };
+        let message = if let Some(first) = spec.options.first() {
+            Some(format!(
+                "`allow` lists recipe names without options: write `{kind}`; a schedule sets \
+                 the options of an allowed recipe (`{} = ...` here)",
+                first.key
+            ))
+        } else if kinds.contains(&kind) {
+            Some(format!("`{kind}` is listed twice in `allow`; remove one"))
+        } else if named.contains(&kind) {
+            Some(format!(
+                "`{kind}` is already allowed: the schedule names it; remove it from `allow`"
+            ))
+        } else {
+            None
+        };
+        match message {
+            Some(m) => {
+                cx.error_spanned_by(&spec.name, m);
+                ok = false;
+            }
+            None => kinds.push(kind),
+        }
+    }
+    ok.then_some(kinds)
 }
 
 /// Every mark is well formed (done in `attr.rs`) and at least one field
@@ -203,11 +262,11 @@ fn reject_besides_config(attr: &PrecisionAttr, cx: &Ctxt) {
     if let Some(r) = &attr.recipe {
         extra.push(&r.name);
     }
-    extra.extend(
-        keys_of(attr)
-            .into_iter()
-            .filter(|k| k.to_token_stream().to_string() != symbol::CONFIG),
-    );
+    // `allow` is not part of the schedule: it goes with a file too.
+    extra.extend(keys_of(attr).into_iter().filter(|k| {
+        let k = k.to_token_stream().to_string();
+        k != symbol::CONFIG && k != symbol::ALLOW
+    }));
     for tokens in extra {
         cx.error_spanned_by(
             tokens,
@@ -232,6 +291,7 @@ fn keys_of(attr: &PrecisionAttr) -> Vec<&dyn ToTokens> {
         key(&attr.order),
         key(&attr.schedule),
         key(&attr.config),
+        key(&attr.allow),
     ]
     .into_iter()
     .flatten()

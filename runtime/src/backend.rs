@@ -13,8 +13,10 @@
 use crate::cpu::{CpuOperand, CpuStorage};
 use crate::formats::ElemFormat;
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
-use crate::quant::{MxConfig, SrKey, BLOCK};
-use crate::recipe::{elem_format, OperandSpec, Scaling};
+use crate::quant::{Fp8GroupConfig, Grouping, MxConfig, Nvfp4Config, SrKey, BLOCK};
+use crate::recipe::{
+    elem_format, fp8_group_config, nvfp4_config, OperandSpec, RecipeKind, Scaling,
+};
 use crate::{DType, Device, Error, Layout, Result, Shape};
 
 /// A buffer of elements on one device.
@@ -113,6 +115,36 @@ pub enum Format {
     },
     /// MX blocks of 32 along the reduction axis (SPEC section 2).
     Mx(MxConfig),
+    /// NVFP4 blocks of 16 along the reduction axis under a tensor scale
+    /// (SPEC section 2b).
+    Nvfp4(Nvfp4Config),
+    /// E4M3 codes with an f32 scale per row or per 128-block along the
+    /// reduction axis (SPEC section 3b).
+    Fp8Group(Fp8GroupConfig),
+}
+
+impl Format {
+    /// Whether the scales run along the reduction axis (MX, NVFP4 and FP8
+    /// group scaling), so a copy along one axis cannot serve the other and
+    /// is stored axis-last. BF16 and tensorwise copies do not depend on it.
+    pub const fn follows_axis(&self) -> bool {
+        matches!(self, Format::Mx(_) | Format::Nvfp4(_) | Format::Fp8Group(_))
+    }
+
+    /// The recipe whose row introduced this format, for a backend that does
+    /// not run it to name: `nvfp4`, `fp8_rowwise` or `fp8_block`; `None` for
+    /// the formats of the first five rows.
+    pub const fn new_recipe(&self) -> Option<RecipeKind> {
+        match self {
+            Format::Nvfp4(_) => Some(RecipeKind::Nvfp4),
+            Format::Fp8Group(Fp8GroupConfig {
+                grouping: Grouping::Rowwise,
+                ..
+            }) => Some(RecipeKind::Fp8Rowwise),
+            Format::Fp8Group(_) => Some(RecipeKind::Fp8Block),
+            Format::Bf16 | Format::Tensorwise { .. } | Format::Mx(_) => None,
+        }
+    }
 }
 
 /// One copy of a matrix that a GEMM reads: its format along its reduction axis.
@@ -127,8 +159,8 @@ pub struct Want {
 impl Want {
     /// The quantizer settings of `spec` along `along`; `sr` keys stochastic
     /// rounding where `spec.sr` asks for it (gradients only: `None` for x
-    /// and W). A spec no quantizer implements (an NVFP4 block of 16, an
-    /// E2M1 tensorwise scale) is an error here, before any backend runs.
+    /// and W). A spec no quantizer implements (an MX block of 16, an E2M1
+    /// tensorwise scale) is an error here, before any backend runs.
     pub fn new(spec: &OperandSpec, along: Along, sr: Option<SrKey>) -> Result<Want> {
         if spec.sr && sr.is_none() {
             return Err(Error::InvalidOption(
@@ -142,7 +174,7 @@ impl Want {
                 spec.elem, spec.scaling
             ))
         };
-        if spec.sr && !matches!(spec.scaling, Scaling::Mx { .. }) {
+        if spec.sr && !matches!(spec.scaling, Scaling::Mx { .. } | Scaling::Nvfp4 { .. }) {
             return Err(Error::NotImplemented(format!(
                 "stochastic rounding of {} with {:?} scaling",
                 spec.elem, spec.scaling
@@ -161,6 +193,16 @@ impl Want {
                     hadamard: spec.hadamard,
                     sr: if spec.sr { sr } else { None },
                 })
+            }
+            (Scaling::Nvfp4 { .. }, _) => {
+                let cfg = nvfp4_config(spec).ok_or_else(unsupported)?;
+                Format::Nvfp4(Nvfp4Config {
+                    sr: if spec.sr { sr } else { None },
+                    ..cfg
+                })
+            }
+            (Scaling::Rowwise { .. } | Scaling::Block { .. }, _) => {
+                Format::Fp8Group(fp8_group_config(spec).ok_or_else(unsupported)?)
             }
             _ => return Err(unsupported()),
         };
@@ -531,4 +573,86 @@ pub trait ScaledAdamWBackend: MultiOptimBackend {
         steps: Vec<(&'a Self, AdamWStep<'a, Self>)>,
         grad_mul: f32,
     ) -> Result<Vec<Self>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recipe::{Recipe, RecipeKind};
+
+    fn key() -> Option<SrKey> {
+        Some(SrKey {
+            seed: 1,
+            step: 2,
+            tensor_id: 3,
+        })
+    }
+
+    #[test]
+    fn the_new_scalings_map_to_their_quantizers() {
+        let nv = Recipe::new(RecipeKind::Nvfp4).spec();
+        let w = Want::new(&nv.fprop.b, Along::Cols, None).unwrap();
+        assert_eq!(
+            w.format,
+            Format::Nvfp4(Nvfp4Config {
+                tile2d: true,
+                hadamard: false,
+                sr: None
+            })
+        );
+        // The gradients take the call's SR key, as MX's do.
+        let dy = Want::new(&nv.wgrad.a, Along::Rows, key()).unwrap();
+        assert_eq!(
+            dy.format,
+            Format::Nvfp4(Nvfp4Config {
+                tile2d: false,
+                hadamard: true,
+                sr: key()
+            })
+        );
+        assert!(Want::new(&nv.dgrad.a, Along::Cols, None).is_err());
+        let rows = Recipe::new(RecipeKind::Fp8Rowwise).spec();
+        let w = Want::new(&rows.dgrad.b, Along::Rows, None).unwrap();
+        assert_eq!(w.format, Format::Fp8Group(Fp8GroupConfig::rowwise()));
+        let blocks = Recipe::new(RecipeKind::Fp8Block).spec();
+        let w = Want::new(&blocks.fprop.b, Along::Cols, None).unwrap();
+        assert_eq!(w.format, Format::Fp8Group(Fp8GroupConfig::block128_tiles()));
+        for (f, kind) in [
+            (
+                Format::Nvfp4(Nvfp4Config::default()),
+                Some(RecipeKind::Nvfp4),
+            ),
+            (
+                Format::Fp8Group(Fp8GroupConfig::rowwise()),
+                Some(RecipeKind::Fp8Rowwise),
+            ),
+            (
+                Format::Fp8Group(Fp8GroupConfig::block128()),
+                Some(RecipeKind::Fp8Block),
+            ),
+            (Format::Mx(MxConfig::mxfp4()), None),
+            (Format::Bf16, None),
+        ] {
+            assert_eq!(f.new_recipe(), kind, "{f:?}");
+            assert_eq!(f.follows_axis(), !matches!(f, Format::Bf16), "{f:?}");
+        }
+    }
+
+    #[test]
+    fn specs_no_quantizer_implements_are_refused() {
+        let mut op = Recipe::new(RecipeKind::Fp8Block).spec().fprop.a;
+        op.sr = true;
+        let e = Want::new(&op, Along::Cols, key()).unwrap_err().to_string();
+        assert!(e.starts_with("not implemented: stochastic rounding"), "{e}");
+        op.sr = false;
+        op.elem = crate::recipe::Elem::E5M2;
+        let e = Want::new(&op, Along::Cols, None).unwrap_err().to_string();
+        assert!(e.contains("no quantizer for e5m2 elements"), "{e}");
+        let mut nv = Recipe::new(RecipeKind::Nvfp4).spec().fprop.a;
+        nv.scaling = Scaling::Nvfp4 {
+            block: 32,
+            tile: false,
+        };
+        assert!(Want::new(&nv, Along::Cols, None).is_err());
+    }
 }

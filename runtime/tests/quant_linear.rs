@@ -37,6 +37,19 @@ fn recipes() -> Vec<(Recipe, f64, f64)> {
         // only x (in MXFP4) counts.
         (o(mx4, "dgrad", "bf16"), 0.53125, 0.53125),
         (o(o(mx4, "dgrad", "fp8"), "wgrad", "fp8"), 1.0, 1.01),
+        // NVFP4: 0.5 + 1/16, and the f32 tensor scale of x and of W.
+        (Recipe::new(RecipeKind::Nvfp4), 0.5625, 0.5626),
+        // FP8 rowwise: 1 byte plus two f32 per row of K elements (x along
+        // M and W along N each have K rows here): 1 + 16 * 256 / 196608.
+        (Recipe::new(RecipeKind::Fp8Rowwise), 1.0208, 1.0209),
+        // FP8 128-block: 1 byte plus two f32 per 128 elements.
+        (Recipe::new(RecipeKind::Fp8Block), 1.0625, 1.0625),
+        (o(mx4, "dgrad", "fp8_block"), 0.53125, 1.0625),
+        (
+            o(Recipe::new(RecipeKind::Fp8), "wgrad", "nvfp4"),
+            0.5625,
+            1.01,
+        ),
     ]
 }
 

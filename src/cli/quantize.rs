@@ -1,15 +1,23 @@
 //! `mxswitch quantize`: quantize every f32, bf16 and f16 tensor of a
-//! safetensors file to an MX block format or to FP8 with one tensorwise scale
-//! (SPEC sections 1-3), write what the quantizer produced, and print the
-//! error of each tensor.
+//! safetensors file to an MX block format, NVFP4, FP8 with one tensorwise
+//! scale or FP8 with rowwise or 128-block scales (SPEC sections 1-3b),
+//! write what the quantizer produced, and print the error of each tensor.
 //!
 //! For every float tensor `NAME` the output holds, in the input's layout:
 //! - `NAME.codes` (U8): MX: the input shape with the quantization axis padded
 //!   to a multiple of 32, halved for mxfp4 (element 2i in the low nibble);
-//!   FP8: the input shape.
+//!   nvfp4: the axis padded to a multiple of 16 and halved (packed E2M1, as
+//!   mxfp4); fp8-block: E4M3 bytes, the axis padded to a multiple of 128;
+//!   fp8-rowwise and tensorwise FP8: E4M3 (or the format's) bytes, the input shape.
 //! - `NAME.scales`: MX: U8 E8M0 bytes, the axis length L replaced by
 //!   ceil(L/32) (with `--tile2d` each tile's byte repeated over its rows);
-//!   FP8: F32 `[1]` holding the scale that multiplied the input (not its inverse).
+//!   nvfp4: U8 E4M3 bytes, L replaced by ceil(L/16) (tiles repeated over
+//!   their rows); fp8-rowwise: F32, L replaced by 1; fp8-block: F32, L
+//!   replaced by ceil(L/128) (tiles repeated per 1x128 row-chunk); tensorwise
+//!   FP8: F32 `[1]`. FP8 scales are the ones that multiplied the input (not
+//!   their inverses).
+//! - `NAME.tensor_scale` (nvfp4 only): F32 `[1]`, the tensor scale t the
+//!   block scales are relative to.
 //! - `NAME.dequant` (F32, the input's shape), rotated back with `--hadamard`.
 //!
 //! Tensors of any other dtype are copied through unchanged and reported as
@@ -37,7 +45,9 @@ use std::path::PathBuf;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use mxswitch::files::{self, FileError};
 use mxswitch::runtime::formats::bf16;
-use mxswitch::runtime::quant::dispatch::{quantize, QuantFormat, QuantOptions, Quantized};
+use mxswitch::runtime::quant::dispatch::{
+    quantize, QuantFlag, QuantFormat, QuantOptions, Quantized,
+};
 use mxswitch::runtime::quant::ScaleMode;
 use mxswitch::st_file::{self, printable, StTensor};
 use safetensors::tensor::Dtype;
@@ -46,12 +56,15 @@ use safetensors::tensor::Dtype;
 #[derive(Debug, clap::Args)]
 #[command(after_help = "\
 For every f32, bf16 or f16 tensor NAME the output holds NAME.codes (U8), NAME.scales \
-(U8 E8M0 bytes for MX formats, F32 [1] for FP8) and NAME.dequant (F32). Tensors of \
-other dtypes are copied unchanged. NaN or Inf input is refused; blocks whose scale \
-overflows are reported as a warning.")]
+(U8 E8M0 bytes for MX formats, U8 E4M3 bytes for nvfp4, F32 for the FP8 formats: [1] \
+tensorwise, one per row or 1x128 block otherwise), for nvfp4 NAME.tensor_scale (F32 [1]), \
+and NAME.dequant (F32). Tensors of other dtypes are copied unchanged. NaN or Inf input \
+is refused; blocks whose scale overflows are reported as a warning.")]
 pub struct QuantizeArgs {
-    /// Target format: MX block scaling (32 elements share an E8M0 scale) or
-    /// FP8 with one tensorwise scale.
+    /// Target format: MX block scaling (32 elements share an E8M0 scale),
+    /// NVFP4 (16 E2M1 elements share an E4M3 scale under an f32 tensor
+    /// scale), FP8 with one tensorwise scale, or E4M3 with one f32 scale per
+    /// row (fp8-rowwise) or per 1x128 block (fp8-block).
     #[arg(long, value_name = "FORMAT", value_parser = format_parser())]
     pub format: QuantFormat,
 
@@ -60,20 +73,27 @@ pub struct QuantizeArgs {
     #[arg(long, value_name = "MODE", value_parser = scale_mode_parser())]
     pub scale_mode: Option<ScaleMode>,
 
-    /// Quantization axis of the MX blocks; negative counts from the end (MX
-    /// formats only) [default: -1].
+    /// Quantization axis of the blocks or rows; negative counts from the end
+    /// (every format but tensorwise FP8) [default: -1].
     #[arg(long, value_name = "I", allow_negative_numbers = true)]
     pub axis: Option<isize>,
 
-    /// One scale per 32x32 tile of a 2-D tensor, stored repeated over the
-    /// tile's rows (MX formats only).
+    /// One scale per 32x32 (MX), 16x16 (nvfp4) or 128x128 (fp8-block) tile
+    /// of a 2-D tensor, stored repeated over the tile's rows (those formats only).
     #[arg(long)]
     pub tile2d: bool,
 
     /// Rotate each group of 16 elements along the axis by (1/4) H16 before
-    /// quantizing; the dequantized output is rotated back (MX formats only).
+    /// quantizing; the dequantized output is rotated back (MX formats and
+    /// nvfp4 only).
     #[arg(long)]
     pub hadamard: bool,
+
+    /// Round the FP8 scales down to powers of two (FP8 formats only)
+    /// [default: the recipe's: true for fp8-rowwise, false for the others].
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set,
+          value_parser = clap::builder::BoolValueParser::new())]
+    pub pow2: Option<bool>,
 
     /// The safetensors file to quantize (a regular file).
     #[arg(long, value_name = "IN.safetensors")]
@@ -156,6 +176,7 @@ pub fn run(args: &QuantizeArgs) -> Result<(), QuantizeError> {
         axis: args.axis,
         tile2d: args.tile2d,
         hadamard: args.hadamard,
+        pow2: args.pow2,
     };
     check_options(args.format, &opts)?;
     if files::same_file(&args.input, &args.output) {
@@ -180,7 +201,7 @@ pub fn run(args: &QuantizeArgs) -> Result<(), QuantizeError> {
             found: describe_contents(&inputs),
         });
     }
-    check_output_names(&inputs)?;
+    check_output_names(&inputs, args.format)?;
     let metadata = output_metadata(in_metadata, args.format, &opts);
 
     // Quantize while the temporary file exists, so an interrupt at any
@@ -242,7 +263,7 @@ fn quantize_all<'a>(
     format: QuantFormat,
     opts: &QuantOptions,
 ) -> Result<Quantization<'a>, QuantizeError> {
-    let mut outputs = Vec::with_capacity(inputs.len() * SUFFIXES.len());
+    let mut outputs = Vec::with_capacity(inputs.len() * suffixes(format).len());
     let mut rows = Vec::with_capacity(inputs.len());
     let mut warnings = Vec::new();
     for t in inputs {
@@ -253,7 +274,7 @@ fn quantize_all<'a>(
             continue;
         };
         let q = quantize_one(t, &x, format, opts)?;
-        for (suffix, out) in SUFFIXES.into_iter().zip(q.outputs) {
+        for (suffix, out) in suffixes(format).iter().zip(q.outputs) {
             outputs.push((format!("{}.{suffix}", t.name), out));
         }
         rows.push(q.row);
@@ -264,16 +285,11 @@ fn quantize_all<'a>(
 }
 
 /// Reject an option the format does not take before any file is read. The
-/// rule belongs to the runtime (`QuantOptions` for FP8 takes none of the MX
-/// options); quantizing an empty tensor runs exactly that check. MX options
-/// depend on each tensor's rank and are checked when it is quantized.
+/// rule belongs to the runtime (`QuantOptions::check`, which `quantize`
+/// runs too); what depends on each tensor's rank (tiles, the axis) is
+/// checked when it is quantized.
 fn check_options(format: QuantFormat, opts: &QuantOptions) -> Result<(), QuantizeError> {
-    if format.is_mx() {
-        return Ok(());
-    }
-    quantize(&[], &[0], format, opts, "")
-        .map(drop)
-        .map_err(QuantizeError::Options)
+    opts.check(format).map_err(QuantizeError::Options)
 }
 
 /// The dtypes this command quantizes.
@@ -320,16 +336,25 @@ fn describe_contents(inputs: &[StTensor]) -> String {
     format!("{} tensor(s): {}", inputs.len(), list.join(", "))
 }
 
-/// The suffixes of the tensors written for each quantized tensor.
-const SUFFIXES: [&str; 3] = ["codes", "scales", "dequant"];
+/// The suffixes of the tensors written for each quantized tensor, in the
+/// order [`QuantizedTensor::outputs`] holds them.
+fn suffixes(format: QuantFormat) -> &'static [&'static str] {
+    match format {
+        QuantFormat::Nvfp4 => &["codes", "scales", "tensor_scale", "dequant"],
+        _ => &["codes", "scales", "dequant"],
+    }
+}
 
 /// Fail before quantizing if two outputs would share a name, e.g. an input
 /// tensor `w.codes` beside a float tensor `w`.
-fn check_output_names(inputs: &[StTensor]) -> Result<(), QuantizeError> {
+fn check_output_names(inputs: &[StTensor], format: QuantFormat) -> Result<(), QuantizeError> {
     let mut seen: HashMap<String, &str> = HashMap::new();
     for t in inputs {
         let names: Vec<String> = if is_float(t.dtype) {
-            SUFFIXES.iter().map(|s| format!("{}.{s}", t.name)).collect()
+            suffixes(format)
+                .iter()
+                .map(|s| format!("{}.{s}", t.name))
+                .collect()
         } else {
             vec![t.name.clone()]
         };
@@ -370,8 +395,9 @@ impl<'a> OutTensor<'a> {
 
 /// What quantizing one tensor produced.
 struct QuantizedTensor {
-    /// Codes, scales and the dequantized tensor, in [`SUFFIXES`] order.
-    outputs: [OutTensor<'static>; 3],
+    /// Codes, scales (nvfp4: and the tensor scale) and the dequantized
+    /// tensor, in [`suffixes`] order.
+    outputs: Vec<OutTensor<'static>>,
     row: Row,
     /// Set when finite input got the NaN scale or dequantized to Inf.
     trouble: Option<ScaleTrouble>,
@@ -400,18 +426,27 @@ fn quantize_one(
     let dequant = q.dequantize();
     let saturated = q.saturated(x);
     let trouble = ScaleTrouble::find(&name, x, &t.shape, format, opts, &q, &dequant);
-    let (codes, scales) = match q {
-        Quantized::Mx(m) => (
+    let mut outputs = match q {
+        Quantized::Mx(m) => vec![
             OutTensor::u8(m.codes_shape(), m.codes_in_input_layout()),
             OutTensor::u8(m.scales_shape(), m.scales_in_input_layout()),
-        ),
-        Quantized::Fp8(f) => (
+        ],
+        Quantized::Fp8(f) => vec![
             OutTensor::u8(t.shape.clone(), f.codes),
             OutTensor::f32(vec![1], &[f.scale]),
-        ),
+        ],
+        Quantized::Nvfp4(n) => vec![
+            OutTensor::u8(n.codes_shape(), n.codes_in_input_layout()),
+            OutTensor::u8(n.scales_shape(), n.scales_in_input_layout()),
+            OutTensor::f32(vec![1], &[n.tensor_scale]),
+        ],
+        Quantized::Fp8Group(g) => vec![
+            OutTensor::u8(g.codes_shape(), g.codes_in_input_layout()),
+            OutTensor::f32(g.scales_shape(), &g.scales_in_input_layout()),
+        ],
     };
     let result = Metrics::new(x, &dequant, saturated);
-    let dequant = OutTensor::f32(t.shape.clone(), &dequant);
+    outputs.push(OutTensor::f32(t.shape.clone(), &dequant));
     let row = Row {
         name,
         shape: t.shape.clone(),
@@ -419,28 +454,32 @@ fn quantize_one(
         result: Some(result),
     };
     Ok(QuantizedTensor {
-        outputs: [codes, scales, dequant],
+        outputs,
         row,
         trouble,
     })
 }
 
-/// Finite input that the chosen scale mode could not represent: blocks
-/// given the NaN scale because their scale overflowed, and elements whose
-/// dequantized value overflowed to Inf.
+/// Finite input that the chosen scales could not represent: blocks given
+/// the NaN scale because their scale overflowed (MX), and elements whose
+/// dequantized value overflowed to Inf (MX, and FP8 with power-of-two
+/// scales, whose inverse can be up to twice the exact one's).
 #[derive(Debug)]
 struct ScaleTrouble {
     name: String,
-    mode: ScaleMode,
+    /// The setting at fault: "scale mode even", "power-of-two scales".
+    setting: String,
     nan_blocks: usize,
     blocks: usize,
     inf_elements: usize,
-    /// The other scale modes under which the tensor dequantizes finite.
-    avoided_by: Vec<ScaleMode>,
+    /// The flag whose other values are tried (`--scale-mode`, `--pow2`).
+    flag: &'static str,
+    /// Its values under which the tensor dequantizes finite.
+    avoided_by: Vec<&'static str>,
 }
 
 impl ScaleTrouble {
-    /// Check a quantized finite tensor `x`; the other scale modes are tried
+    /// Check a quantized finite tensor `x`; the other settings are tried
     /// only when there is trouble.
     fn find(
         name: &str,
@@ -456,29 +495,55 @@ impl ScaleTrouble {
         if nan_blocks == 0 && inf_elements == 0 {
             return None;
         }
-        // Only MX formats have scale modes, and only they can get here.
-        let mode = opts
-            .scale_mode
-            .or(format.default_config().map(|c| c.scale_mode))?;
-        let avoided_by = ScaleMode::ALL
-            .into_iter()
-            .filter(|&m| m != mode)
-            .filter(|&m| {
-                let other = QuantOptions {
-                    scale_mode: Some(m),
-                    ..*opts
-                };
-                quantize(x, shape, format, &other, name).is_ok_and(|q| {
-                    q.nan_scales().0 == 0 && q.dequantize().iter().all(|v| v.is_finite())
-                })
+        let fine = |other: &QuantOptions| {
+            quantize(x, shape, format, other, name).is_ok_and(|q| {
+                q.nan_scales().0 == 0 && q.dequantize().iter().all(|v| v.is_finite())
             })
-            .collect();
+        };
+        let (setting, flag, avoided_by) = if let Some(cfg) = format.default_config() {
+            let mode = opts.scale_mode.unwrap_or(cfg.scale_mode);
+            let avoided_by = ScaleMode::ALL
+                .into_iter()
+                .filter(|&m| m != mode)
+                .filter(|&m| {
+                    fine(&QuantOptions {
+                        scale_mode: Some(m),
+                        ..*opts
+                    })
+                })
+                .map(ScaleMode::name)
+                .collect();
+            (
+                format!("scale mode {mode}"),
+                QuantFlag::ScaleMode,
+                avoided_by,
+            )
+        } else {
+            // Only power-of-two FP8 scales can get here (NVFP4 and exact
+            // FP8 scales dequantize finite input to finite values).
+            let pow2 = opts.pow2.or(format.default_pow2())?;
+            let other = QuantOptions {
+                pow2: Some(!pow2),
+                ..*opts
+            };
+            let avoided_by = fine(&other)
+                .then_some(if pow2 { "false" } else { "true" })
+                .into_iter()
+                .collect();
+            let setting = if pow2 {
+                "power-of-two scales"
+            } else {
+                "exact scales"
+            };
+            (setting.to_string(), QuantFlag::Pow2, avoided_by)
+        };
         Some(ScaleTrouble {
             name: name.to_string(),
-            mode,
+            setting,
             nan_blocks,
             blocks,
             inf_elements,
+            flag: flag.name(),
             avoided_by,
         })
     }
@@ -486,7 +551,7 @@ impl ScaleTrouble {
 
 impl fmt::Display for ScaleTrouble {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "tensor `{}` under scale mode {}: ", self.name, self.mode)?;
+        write!(f, "tensor `{}` under {}: ", self.name, self.setting)?;
         let mut parts = Vec::new();
         if self.nan_blocks > 0 {
             parts.push(format!(
@@ -502,12 +567,12 @@ impl fmt::Display for ScaleTrouble {
             ));
         }
         write!(f, "{}; ", parts.join(" and "))?;
-        let names: Vec<&str> = self.avoided_by.iter().map(|m| m.name()).collect();
-        match names.split_last() {
-            None => write!(f, "no other scale mode avoids it"),
-            Some((last, [])) => write!(f, "--scale-mode {last} avoids it"),
+        let flag = self.flag;
+        match self.avoided_by.split_last() {
+            None => write!(f, "no other value of {flag} avoids it"),
+            Some((last, [])) => write!(f, "{flag} {last} avoids it"),
             Some((last, rest)) => {
-                write!(f, "--scale-mode {} or {last} avoid it", rest.join(", "))
+                write!(f, "{flag} {} or {last} avoid it", rest.join(", "))
             }
         }
     }
@@ -678,27 +743,41 @@ fn fmt_sci(v: f64, digits: usize) -> String {
     }
 }
 
-/// "mxfp4 (scale even, axis -1, 32x32 tiles, hadamard)" or "fp8-e4m3 (tensorwise)".
+/// "mxfp4 (scale even, axis -1, 32x32 tiles, hadamard)", "nvfp4 (axis -1,
+/// 16x16 tiles)", "fp8-rowwise (axis -1, pow2)" or "fp8-e4m3 (tensorwise)".
 fn describe_format(format: QuantFormat, opts: &QuantOptions) -> String {
-    let Some(cfg) = format.default_config() else {
-        return format!("{format} (tensorwise)");
-    };
-    let mut parts = vec![
-        format!("scale {}", opts.scale_mode.unwrap_or(cfg.scale_mode)),
-        format!("axis {}", opts.axis.unwrap_or(-1)),
-    ];
+    let mut parts = Vec::new();
+    if let Some(cfg) = format.default_config() {
+        parts.push(format!(
+            "scale {}",
+            opts.scale_mode.unwrap_or(cfg.scale_mode)
+        ));
+    }
+    if let QuantFormat::Fp8(_) = format {
+        parts.push("tensorwise".into());
+    } else {
+        parts.push(format!("axis {}", opts.axis.unwrap_or(-1)));
+    }
     if opts.tile2d {
-        parts.push("32x32 tiles".into());
+        parts.push(match format {
+            QuantFormat::Nvfp4 => "16x16 tiles".into(),
+            QuantFormat::Fp8Block => "128x128 tiles".into(),
+            _ => "32x32 tiles".into(),
+        });
     }
     if opts.hadamard {
         parts.push("hadamard".into());
+    }
+    if opts.pow2.or(format.default_pow2()) == Some(true) {
+        parts.push("pow2".into());
     }
     format!("{format} ({})", parts.join(", "))
 }
 
 /// The input's own `__metadata__` plus how this output was made, so a
-/// reader can tell what the codes mean. Every `mxswitch.*` key of the input
-/// is dropped: it described an earlier quantization, not this one.
+/// reader can tell what the codes mean: every setting the format takes.
+/// Every `mxswitch.*` key of the input is dropped: it described an earlier
+/// quantization, not this one.
 fn output_metadata(
     mut metadata: HashMap<String, String>,
     format: QuantFormat,
@@ -709,9 +788,16 @@ fn output_metadata(
     if let Some(cfg) = format.default_config() {
         let mode = opts.scale_mode.unwrap_or(cfg.scale_mode);
         metadata.insert("mxswitch.scale_mode".into(), mode.name().into());
-        metadata.insert("mxswitch.axis".into(), opts.axis.unwrap_or(-1).to_string());
-        metadata.insert("mxswitch.tile2d".into(), opts.tile2d.to_string());
-        metadata.insert("mxswitch.hadamard".into(), opts.hadamard.to_string());
     }
+    let mut set = |flag: QuantFlag, key: &str, value: String| {
+        if format.takes(flag) {
+            metadata.insert(format!("mxswitch.{key}"), value);
+        }
+    };
+    set(QuantFlag::Axis, "axis", opts.axis.unwrap_or(-1).to_string());
+    set(QuantFlag::Tile2d, "tile2d", opts.tile2d.to_string());
+    set(QuantFlag::Hadamard, "hadamard", opts.hadamard.to_string());
+    let pow2 = opts.pow2.or(format.default_pow2()).unwrap_or(false);
+    set(QuantFlag::Pow2, "pow2", pow2.to_string());
     metadata
 }

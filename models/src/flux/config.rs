@@ -468,7 +468,7 @@ mod tests {
         );
         assert_eq!(
             error_of(&text),
-            "bad.ron:30:59: schedule.phases[1].recipe `bf16` is not allowed for Flux, whose #[precision] attribute names only mxfp4, fp8; use one of those"
+            "bad.ron:30:59: schedule.phases[1].recipe `bf16` is not allowed for Flux, whose #[precision] attribute names only mxfp4, fp8, nvfp4, fp8_rowwise, fp8_block; use one of those"
         );
         let text = PRESETS[0].1.replace("start: 40", "start: 0");
         assert!(error_of(&text)

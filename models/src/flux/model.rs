@@ -365,8 +365,10 @@ impl LastLayer {
 
 /// Flux.1: double-stream blocks, then single-stream blocks over the joint
 /// sequence. The schedule here is the production one; a RON config or the
-/// command line moves the switch (`apply_with`).
-#[precision(mxfp4, switch_to = fp8, at = 12000)]
+/// command line moves the switch (`apply_with`), and may also schedule the
+/// recipes of `allow` (NVFP4, FP8 rowwise and 128-block), as base recipes or
+/// per-GEMM overrides.
+#[precision(mxfp4, switch_to = fp8, at = 12000, allow = [nvfp4, fp8_rowwise, fp8_block])]
 pub struct Flux {
     /// The shape it was built from.
     #[skip]

@@ -28,6 +28,7 @@ pub use schedule::{
     RecipeOptions, ScheduleConfig,
 };
 pub use spec::{
-    Elem, Gemm, GemmSpec, LinearSpec, Operand, OperandSpec, SavedSpec, ScaleMode, Scaling, MX_BLOCK,
+    Elem, Gemm, GemmSpec, LinearSpec, Operand, OperandSpec, SavedSpec, ScaleMode, Scaling,
+    FP8_BLOCK, MX_BLOCK, NVFP4_BLOCK,
 };
 pub use table::{Opt, RecipeKind, Row, Takes, TABLE};

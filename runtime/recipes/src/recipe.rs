@@ -19,13 +19,13 @@ pub struct Recipe {
     pub kind: RecipeKind,
     /// MX recipes: how block scales are chosen.
     pub scale: ScaleMode,
-    /// MX recipes: stochastic rounding of the gradient operands.
+    /// MX and NVFP4 recipes: stochastic rounding of the gradient operands.
     pub sr: bool,
-    /// MX recipes: Hadamard-16 on both wgrad operands.
+    /// MX and NVFP4 recipes: Hadamard-16 on both wgrad operands.
     pub hadamard: bool,
-    /// MX recipes: block x block weight tiles.
+    /// MX, NVFP4 and FP8 block recipes: block x block weight tiles.
     pub tile2d: bool,
-    /// FP8 recipes: power-of-two tensorwise scales.
+    /// FP8 recipes: power-of-two scales (tensorwise, rowwise or per block).
     pub pow2: bool,
     /// The recipe whose row the forward GEMM uses instead of this one's.
     pub fprop: Option<RecipeKind>,
@@ -63,14 +63,20 @@ impl Recipe {
     pub const fn new(kind: RecipeKind) -> Recipe {
         let s = &kind.row().spec;
         let ops = operands(s);
-        // `scale` and `pow2` govern every MX / tensorwise operand; their
-        // defaults are the first such operand's (a row keeps them alike).
+        // `scale` and `pow2` govern every MX / FP8 operand; their defaults
+        // are the first such operand's (a row keeps them alike).
         let (mut scale, mut pow2) = (None, None);
         let mut i = 0;
         while i < ops.len() {
             match ops[i].scaling {
                 Scaling::Mx { mode, .. } if scale.is_none() => scale = Some(mode),
-                Scaling::Tensorwise { pow2: p } if pow2.is_none() => pow2 = Some(p),
+                Scaling::Tensorwise { pow2: p }
+                | Scaling::Rowwise { pow2: p }
+                | Scaling::Block { pow2: p, .. }
+                    if pow2.is_none() =>
+                {
+                    pow2 = Some(p)
+                }
                 _ => {}
             }
             i += 1;
@@ -83,7 +89,7 @@ impl Recipe {
             },
             sr: s.dgrad.a.sr,
             hadamard: s.wgrad.a.hadamard,
-            tile2d: matches!(s.fprop.b.scaling, Scaling::Mx { tile: true, .. }),
+            tile2d: s.fprop.b.scaling.tiled(),
             pow2: match pow2 {
                 Some(p) => p,
                 None => false,
@@ -257,12 +263,18 @@ impl Recipe {
                     }
                 }),
                 Opt::Pow2 => operands_mut(&mut s).into_iter().for_each(|o| {
-                    if let Scaling::Tensorwise { pow2 } = &mut o.scaling {
+                    if let Scaling::Tensorwise { pow2 }
+                    | Scaling::Rowwise { pow2 }
+                    | Scaling::Block { pow2, .. } = &mut o.scaling
+                    {
                         *pow2 = self.pow2;
                     }
                 }),
                 Opt::Tile2d => [&mut s.fprop.b, &mut s.dgrad.b].into_iter().for_each(|o| {
-                    if let Scaling::Mx { tile, .. } = &mut o.scaling {
+                    if let Scaling::Mx { tile, .. }
+                    | Scaling::Nvfp4 { tile, .. }
+                    | Scaling::Block { tile, .. } = &mut o.scaling
+                    {
                         *tile = self.tile2d;
                     }
                 }),

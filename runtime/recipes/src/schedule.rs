@@ -172,13 +172,13 @@ pub struct PhaseConfig {
 pub struct RecipeOptions {
     /// `scale`: an MX scale-mode name (`floor`, `ceil`, `even`, `rceil`).
     pub scale: Option<String>,
-    /// `sr`: stochastic rounding of the gradient operands (MX recipes).
+    /// `sr`: stochastic rounding of the gradient operands (MX and NVFP4 recipes).
     pub sr: Option<bool>,
-    /// `hadamard`: Hadamard-16 on both wgrad operands (MX recipes).
+    /// `hadamard`: Hadamard-16 on both wgrad operands (MX and NVFP4 recipes).
     pub hadamard: Option<bool>,
-    /// `tile2d`: block x block weight tiles (MX recipes).
+    /// `tile2d`: block x block weight tiles (MX, NVFP4 and FP8 block recipes).
     pub tile2d: Option<bool>,
-    /// `pow2`: power-of-two tensorwise scales (FP8 recipes).
+    /// `pow2`: power-of-two scales (FP8 recipes: tensorwise, rowwise, block).
     pub pow2: Option<bool>,
     /// `fprop`: the recipe name whose row the forward GEMM uses.
     #[serde(default, skip_serializing_if = "Option::is_none")]

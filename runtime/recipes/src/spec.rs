@@ -56,6 +56,12 @@ impl fmt::Display for Elem {
 /// Elements per MX block, and the side of an MX weight tile (SPEC section 2).
 pub const MX_BLOCK: u32 = 32;
 
+/// Elements per NVFP4 block, and the side of an NVFP4 weight tile (SPEC section 2b).
+pub const NVFP4_BLOCK: u32 = 16;
+
+/// Elements per FP8 128-block, and the side of its weight tile (SPEC section 3b).
+pub const FP8_BLOCK: u32 = 128;
+
 /// How an MX block's E8M0 power-of-two scale is chosen from its amax (SPEC section 2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ScaleMode {
@@ -134,16 +140,59 @@ pub enum Scaling {
         /// Share one scale per `block` x `block` tile (weights only).
         tile: bool,
     },
+    /// NVFP4's two levels (SPEC section 2b): one E4M3FN scale per `block`
+    /// consecutive elements along the reduction axis, relative to one f32
+    /// scale for the tensor; with `tile`, a weight shares one block scale
+    /// per `block` x `block` tile, stored replicated per 1 x `block`.
+    Nvfp4 {
+        /// Elements per block along the reduction axis ([`NVFP4_BLOCK`]).
+        block: u32,
+        /// Share one scale per `block` x `block` tile (weights only).
+        tile: bool,
+    },
+    /// FP8 rowwise (SPEC section 3b): one f32 scale per row of the operand,
+    /// over its whole reduction axis; `pow2` rounds each down to a power of two.
+    Rowwise {
+        /// Round every scale down to a power of two.
+        pow2: bool,
+    },
+    /// FP8 blocks (SPEC section 3b): one f32 scale per `block` consecutive
+    /// elements along the reduction axis; with `tile`, a weight shares one
+    /// scale per `block` x `block` tile, stored replicated per 1 x `block`.
+    Block {
+        /// Elements per block along the reduction axis ([`FP8_BLOCK`]).
+        block: u32,
+        /// Share one scale per `block` x `block` tile (weights only).
+        tile: bool,
+        /// Round every scale down to a power of two.
+        pow2: bool,
+    },
 }
 
 impl Scaling {
-    /// Bytes of scale per element: an E8M0 byte per block; a tensorwise
-    /// scale is one scalar, counted as nothing per element (SPEC section 4).
+    /// Bytes of scale per element (SPEC section 4a): an E8M0 byte per MX
+    /// block, an E4M3FN byte per NVFP4 block, and two f32 (the scale and
+    /// its inverse, as section 3b's `nbytes` counts them) per FP8 block.
+    /// Scales whose number does not grow with the elements are counted as
+    /// nothing per element: a tensorwise scale, NVFP4's tensor scale, and
+    /// the two f32 of each row of a rowwise operand (one pair per
+    /// reduction-axis length of elements, so its share depends on the shape).
     pub fn scale_bytes_per_element(&self) -> f64 {
         match self {
-            Scaling::None | Scaling::Tensorwise { .. } => 0.0,
-            Scaling::Mx { block, .. } => 1.0 / *block as f64,
+            Scaling::None | Scaling::Tensorwise { .. } | Scaling::Rowwise { .. } => 0.0,
+            Scaling::Mx { block, .. } | Scaling::Nvfp4 { block, .. } => 1.0 / *block as f64,
+            Scaling::Block { block, .. } => 8.0 / *block as f64,
         }
+    }
+
+    /// Whether the scales share one per tile of a weight.
+    pub const fn tiled(&self) -> bool {
+        matches!(
+            self,
+            Scaling::Mx { tile: true, .. }
+                | Scaling::Nvfp4 { tile: true, .. }
+                | Scaling::Block { tile: true, .. }
+        )
     }
 }
 
@@ -157,7 +206,8 @@ pub struct OperandSpec {
     /// Hadamard-16 rotation before the amax (SPEC section 2); set on both
     /// operands of a GEMM or on neither, so that it cancels.
     pub hadamard: bool,
-    /// Stochastic rounding of the elements (gradients only, SPEC section 2).
+    /// Stochastic rounding of the elements (gradients only, SPEC sections
+    /// 2 and 2b: MX and NVFP4 operands).
     pub sr: bool,
 }
 
@@ -311,7 +361,9 @@ impl LinearSpec {
     }
 
     /// Bytes per saved element, SPEC section 4's figure (`mxfp4` 0.53125,
-    /// `fp8` 1.0, `mxfp8` 1.03125, `bf16` 2.0). Where x and W are saved in
+    /// `fp8` 1.0, `mxfp8` 1.03125, `bf16` 2.0, `nvfp4` 0.5625, `fp8_rowwise`
+    /// 1.0 and `fp8_block` 1.0625; see [`Scaling::scale_bytes_per_element`]
+    /// for which scales count). Where x and W are saved in
     /// forms of different sizes (`mxfp4(wgrad = bf16)`) the true average
     /// depends on their shapes, so this is the larger of the two, an upper
     /// bound; [`Self::saved`] gives each.

@@ -7,7 +7,9 @@
 use std::fmt;
 
 use crate::error::{did_you_mean, find, lookup, named, RecipeError};
-use crate::spec::{Elem, GemmSpec, LinearSpec, OperandSpec, ScaleMode, Scaling, MX_BLOCK};
+use crate::spec::{
+    Elem, GemmSpec, LinearSpec, OperandSpec, ScaleMode, Scaling, FP8_BLOCK, MX_BLOCK, NVFP4_BLOCK,
+};
 
 /// The named recipes; each is one row of [`TABLE`], in this order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -22,6 +24,15 @@ pub enum RecipeKind {
     Mxfp4,
     /// `mxfp8`: MX E4M3 blocks, RCEIL scales.
     Mxfp8,
+    /// `nvfp4`: the `mxfp4` table with NVFP4 operands (1x16 blocks, E4M3
+    /// block scales under an f32 tensor scale), gradients stochastically rounded.
+    Nvfp4,
+    /// `fp8_rowwise`: E4M3 everywhere, one power-of-two scale per row along
+    /// each GEMM's reduction axis.
+    Fp8Rowwise,
+    /// `fp8_block`: E4M3 everywhere, 1x128 blocks for x and dy, 128x128
+    /// tiles for W.
+    Fp8Block,
 }
 
 /// A recipe option key of SPEC sections 4 and 4a.
@@ -37,7 +48,7 @@ pub enum Opt {
     /// `tile2d = bool`: block x block tiles for the weight operands (W of
     /// fprop and of dgrad).
     Tile2d,
-    /// `pow2 = bool`: power-of-two tensorwise scales.
+    /// `pow2 = bool`: power-of-two FP8 scales (tensorwise, rowwise or per block).
     Pow2,
     /// `fprop = <recipe>`: the forward GEMM quantized as that recipe's row.
     Fprop,
@@ -149,13 +160,19 @@ const fn mx(elem: Elem, mode: ScaleMode) -> OperandSpec {
     }
 }
 
-/// A weight operand in [`MX_BLOCK`] x [`MX_BLOCK`] tiles.
+/// A weight operand in block x block tiles (MX, NVFP4 or FP8 blocks).
 const fn tiled(op: OperandSpec) -> OperandSpec {
     let scaling = match op.scaling {
         Scaling::Mx { block, mode, .. } => Scaling::Mx {
             block,
             mode,
             tile: true,
+        },
+        Scaling::Nvfp4 { block, .. } => Scaling::Nvfp4 { block, tile: true },
+        Scaling::Block { block, pow2, .. } => Scaling::Block {
+            block,
+            tile: true,
+            pow2,
         },
         other => other,
     };
@@ -167,6 +184,50 @@ const fn rotated(op: OperandSpec) -> OperandSpec {
     OperandSpec {
         hadamard: true,
         ..op
+    }
+}
+
+/// NVFP4 operand (E2M1) with 1 x [`NVFP4_BLOCK`] blocks along the reduction axis.
+const fn nvfp4() -> OperandSpec {
+    OperandSpec {
+        elem: Elem::E2M1,
+        scaling: Scaling::Nvfp4 {
+            block: NVFP4_BLOCK,
+            tile: false,
+        },
+        hadamard: false,
+        sr: false,
+    }
+}
+
+/// A gradient operand, stochastically rounded.
+const fn rounded(op: OperandSpec) -> OperandSpec {
+    OperandSpec { sr: true, ..op }
+}
+
+/// An E4M3 operand with one f32 scale per row along the reduction axis,
+/// rounded to a power of two.
+const fn rowwise() -> OperandSpec {
+    OperandSpec {
+        elem: Elem::E4M3,
+        scaling: Scaling::Rowwise { pow2: true },
+        hadamard: false,
+        sr: false,
+    }
+}
+
+/// An E4M3 operand with one f32 scale per 1 x [`FP8_BLOCK`] block along the
+/// reduction axis, not rounded to a power of two.
+const fn block() -> OperandSpec {
+    OperandSpec {
+        elem: Elem::E4M3,
+        scaling: Scaling::Block {
+            block: FP8_BLOCK,
+            tile: false,
+            pow2: false,
+        },
+        hadamard: false,
+        sr: false,
     }
 }
 
@@ -208,11 +269,16 @@ const MX4: OperandSpec = mx(Elem::E2M1, ScaleMode::Even);
 const MX8: OperandSpec = mx(Elem::E4M3, ScaleMode::Rceil);
 const MX_OPTIONS: &[Opt] = &[Opt::Scale, Opt::Sr, Opt::Hadamard, Opt::Tile2d];
 const FP8_OPTIONS: &[Opt] = &[Opt::Pow2];
+const NV4: OperandSpec = nvfp4();
+const NVFP4_OPTIONS: &[Opt] = &[Opt::Sr, Opt::Hadamard, Opt::Tile2d];
+const ROW8: OperandSpec = rowwise();
+const BLOCK8: OperandSpec = block();
+const FP8_BLOCK_OPTIONS: &[Opt] = &[Opt::Tile2d, Opt::Pow2];
 
-/// The five recipes of SPEC section 4. Columns: fprop `[x, W]`, dgrad
+/// The eight recipes of SPEC section 4. Columns: fprop `[x, W]`, dgrad
 /// `[dy, W]`, wgrad `[dy, x]`, the options taken.
 #[rustfmt::skip]
-pub const TABLE: [Row; 5] = [
+pub const TABLE: [Row; 8] = [
     row(RecipeKind::Bf16, "bf16",
         [BF16, BF16], [BF16, BF16], [BF16, BF16], &[],
         "BF16 operands, f32 accumulation"),
@@ -232,6 +298,17 @@ pub const TABLE: [Row; 5] = [
     row(RecipeKind::Mxfp8, "mxfp8",
         [MX8, MX8], [MX8, MX8], [MX8, MX8], MX_OPTIONS,
         "MXFP8: E4M3 in 1x32 blocks, RCEIL scales, no tiles, no Hadamard"),
+    row(RecipeKind::Nvfp4, "nvfp4",
+        [NV4, tiled(NV4)], [rounded(NV4), tiled(NV4)],
+        [rounded(rotated(NV4)), rotated(NV4)], NVFP4_OPTIONS,
+        "NVFP4: E2M1 in 1x16 blocks under E4M3 and f32 scales, 16x16 weight tiles, \
+         Hadamard on wgrad, stochastic rounding of gradients"),
+    row(RecipeKind::Fp8Rowwise, "fp8_rowwise",
+        [ROW8, ROW8], [ROW8, ROW8], [ROW8, ROW8], FP8_OPTIONS,
+        "FP8 rowwise: E4M3 with one power-of-two scale per row along the reduction axis"),
+    row(RecipeKind::Fp8Block, "fp8_block",
+        [BLOCK8, tiled(BLOCK8)], [BLOCK8, tiled(BLOCK8)], [BLOCK8, BLOCK8], FP8_BLOCK_OPTIONS,
+        "FP8 128-block: E4M3 in 1x128 blocks for x and dy, 128x128 weight tiles"),
 ];
 
 impl RecipeKind {
@@ -251,7 +328,8 @@ impl RecipeKind {
         &TABLE[self as usize]
     }
 
-    /// The SPEC name (`bf16`, `fp8`, `fp8_fnuz`, `mxfp4`, `mxfp8`).
+    /// The SPEC name (`bf16`, `fp8`, `fp8_fnuz`, `mxfp4`, `mxfp8`, `nvfp4`,
+    /// `fp8_rowwise`, `fp8_block`).
     pub const fn name(self) -> &'static str {
         self.row().name
     }

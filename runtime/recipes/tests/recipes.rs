@@ -4,7 +4,8 @@
 use std::collections::HashSet;
 
 use mxswitch_recipes::{
-    At, Elem, Gemm, OperandSpec, Opt, Recipe, RecipeKind, ScaleMode, Scaling, MX_BLOCK, TABLE,
+    At, Elem, Gemm, OperandSpec, Opt, Recipe, RecipeKind, ScaleMode, Scaling, FP8_BLOCK, MX_BLOCK,
+    NVFP4_BLOCK, TABLE,
 };
 
 fn r(text: &str) -> Recipe {
@@ -29,6 +30,23 @@ fn saved_bytes_follow_the_spec() {
         ("bf16", 2.0),
         ("mxfp4(fprop = bf16)", 0.53125),
         ("mxfp4(dgrad = fp8, wgrad = fp8)", 1.0),
+        // NVFP4: half a byte of code and an E4M3 byte per 16 (the f32
+        // tensor scale is one scalar, counted as nothing per element).
+        ("nvfp4", 0.5625),
+        (
+            "nvfp4(sr = false, hadamard = false, tile2d = false)",
+            0.5625,
+        ),
+        // FP8 rowwise: a byte of code; the scale pair of each row is per
+        // reduction-axis length, so its share depends on the shape.
+        ("fp8_rowwise", 1.0),
+        ("fp8_rowwise(pow2 = false)", 1.0),
+        // FP8 128-block: a byte of code plus two f32 (scale, inverse) per 128.
+        ("fp8_block", 1.0625),
+        ("fp8_block(tile2d = false, pow2 = true)", 1.0625),
+        ("mxfp4(dgrad = fp8_block, wgrad = fp8_block)", 1.0625),
+        ("fp8(wgrad = nvfp4)", 1.0),
+        ("fp8(dgrad = nvfp4, wgrad = nvfp4)", 0.5625),
     ] {
         assert_eq!(r(text).saved_bytes_per_element(), want, "{text}");
     }
@@ -271,4 +289,210 @@ fn every_mistake_is_reported_where_it_is() {
     assert_eq!(at, [At::Key(0), At::Value(1)]);
     let errors = Recipe::from_parts("fp9", &[("pow2", "true")]).unwrap_err();
     assert_eq!(errors[0].at, At::Name);
+}
+
+#[test]
+fn the_nvfp4_row_is_the_mxfp4_table_with_nvfp4_operands() {
+    let s = r("nvfp4").spec();
+    let nv = |tile, hadamard, sr| OperandSpec {
+        elem: Elem::E2M1,
+        scaling: Scaling::Nvfp4 { block: 16, tile },
+        hadamard,
+        sr,
+    };
+    assert_eq!(
+        (s.fprop.a, s.fprop.b),
+        (nv(false, false, false), nv(true, false, false))
+    );
+    assert_eq!(
+        (s.dgrad.a, s.dgrad.b),
+        (nv(false, false, true), nv(true, false, false))
+    );
+    assert_eq!(
+        (s.wgrad.a, s.wgrad.b),
+        (nv(false, true, true), nv(false, true, false))
+    );
+    assert_eq!(NVFP4_BLOCK, 16);
+    let d = Recipe::new(RecipeKind::Nvfp4);
+    assert_eq!((d.sr, d.hadamard, d.tile2d), (true, true, true));
+    // The options set the operands they name, as for MX.
+    let s = r("nvfp4(sr = false, hadamard = false, tile2d = false)").spec();
+    for (g, op) in [
+        ("fprop x", s.fprop.a),
+        ("fprop W", s.fprop.b),
+        ("dgrad dy", s.dgrad.a),
+        ("dgrad W", s.dgrad.b),
+        ("wgrad dy", s.wgrad.a),
+        ("wgrad x", s.wgrad.b),
+    ] {
+        assert_eq!(op, nv(false, false, false), "{g}");
+    }
+    let keys: Vec<&str> = RecipeKind::Nvfp4.options().map(Opt::name).collect();
+    assert_eq!(
+        keys,
+        ["sr", "hadamard", "tile2d", "fprop", "dgrad", "wgrad"]
+    );
+}
+
+#[test]
+fn the_fp8_group_rows_are_e4m3_everywhere() {
+    let s = r("fp8_rowwise").spec();
+    let row = |pow2| OperandSpec {
+        elem: Elem::E4M3,
+        scaling: Scaling::Rowwise { pow2 },
+        hadamard: false,
+        sr: false,
+    };
+    for g in Gemm::ALL {
+        let gs = s.gemm(g);
+        assert_eq!((gs.a, gs.b), (row(true), row(true)), "{g}");
+    }
+    assert!(Recipe::new(RecipeKind::Fp8Rowwise).pow2);
+    let s = r("fp8_rowwise(pow2 = false)").spec();
+    assert_eq!(s.wgrad.a, row(false));
+
+    let block = |tile, pow2| OperandSpec {
+        elem: Elem::E4M3,
+        scaling: Scaling::Block {
+            block: 128,
+            tile,
+            pow2,
+        },
+        hadamard: false,
+        sr: false,
+    };
+    let s = r("fp8_block").spec();
+    assert_eq!(
+        (s.fprop.a, s.fprop.b),
+        (block(false, false), block(true, false))
+    );
+    assert_eq!(
+        (s.dgrad.a, s.dgrad.b),
+        (block(false, false), block(true, false))
+    );
+    assert_eq!(
+        (s.wgrad.a, s.wgrad.b),
+        (block(false, false), block(false, false))
+    );
+    assert_eq!(FP8_BLOCK, 128);
+    let d = Recipe::new(RecipeKind::Fp8Block);
+    assert_eq!((d.tile2d, d.pow2), (true, false));
+    let s = r("fp8_block(tile2d = false, pow2 = true)").spec();
+    assert_eq!(
+        (s.fprop.b, s.dgrad.b),
+        (block(false, true), block(false, true))
+    );
+    assert_eq!(s.wgrad.a, block(false, true));
+    let keys: Vec<&str> = RecipeKind::Fp8Block.options().map(Opt::name).collect();
+    assert_eq!(keys, ["tile2d", "pow2", "fprop", "dgrad", "wgrad"]);
+    let keys: Vec<&str> = RecipeKind::Fp8Rowwise.options().map(Opt::name).collect();
+    assert_eq!(keys, ["pow2", "fprop", "dgrad", "wgrad"]);
+}
+
+#[test]
+fn the_new_recipes_take_part_in_per_gemm_overrides() {
+    // The mxfp4 forward and wgrad, an FP8 128-block dgrad.
+    let s = r("mxfp4(dgrad = fp8_block)").spec();
+    assert_eq!(s.fprop, r("mxfp4").spec().fprop);
+    assert_eq!(s.dgrad, r("fp8_block").spec().dgrad);
+    assert_eq!(s.wgrad, r("mxfp4").spec().wgrad);
+    // Saved: x as mxfp4's wgrad reads it, W as fp8_block's dgrad does.
+    let saved = r("mxfp4(dgrad = fp8_block)").saved();
+    assert_eq!(saved.bytes_per_element(), (0.53125, 1.0625));
+    // An NVFP4 wgrad under tensorwise FP8: SR and Hadamard come with the row.
+    let s = r("fp8(wgrad = nvfp4)").spec();
+    assert_eq!(s.wgrad, r("nvfp4").spec().wgrad);
+    assert!(s.wgrad.a.sr && s.wgrad.a.hadamard && s.wgrad.b.hadamard);
+    assert_eq!(s.fprop, r("fp8").spec().fprop);
+    assert_eq!(
+        r("fp8(wgrad = nvfp4)").kinds(),
+        [RecipeKind::Fp8, RecipeKind::Nvfp4]
+    );
+    // Overrides naming the new rows, and the new rows overridden.
+    for text in [
+        "nvfp4(fprop = bf16)",
+        "nvfp4(dgrad = fp8_rowwise, wgrad = fp8_rowwise)",
+        "fp8_block(wgrad = nvfp4)",
+        "fp8_rowwise(fprop = fp8_block)",
+        "mxfp4(fprop = nvfp4)",
+    ] {
+        let recipe = r(text);
+        assert_eq!(recipe.to_string(), text, "canonical");
+        assert_ne!(recipe, Recipe::new(recipe.kind), "{text} changes a GEMM");
+    }
+    // No-op overrides are refused, as for every recipe.
+    for text in [
+        "nvfp4(wgrad = nvfp4)",
+        "fp8_rowwise(fprop = fp8_rowwise)",
+        "fp8_block(dgrad = fp8_block)",
+    ] {
+        assert!(err(text).contains("changes nothing"), "{text}");
+    }
+    // With its options changed the base's GEMM differs from the row's.
+    r("nvfp4(sr = false, wgrad = nvfp4)");
+    r("fp8_block(tile2d = false, fprop = fp8_block)");
+    // fp8_block's wgrad has no tiles, so `tile2d` leaves it as the row's.
+    assert!(err("fp8_block(tile2d = false, wgrad = fp8_block)").contains("changes nothing"));
+}
+
+#[test]
+fn the_new_recipes_have_canonical_names_and_compare_by_spec() {
+    for (text, want) in [
+        ("nvfp4(sr = true, hadamard = true, tile2d = true)", "nvfp4"),
+        (
+            "nvfp4(tile2d = false, sr = false)",
+            "nvfp4(sr = false, tile2d = false)",
+        ),
+        ("fp8_rowwise(pow2 = true)", "fp8_rowwise"),
+        ("fp8_rowwise(pow2 = false)", "fp8_rowwise(pow2 = false)"),
+        (
+            "fp8_block(pow2 = true, tile2d = false)",
+            "fp8_block(tile2d = false, pow2 = true)",
+        ),
+        (
+            "fp8_block(wgrad = nvfp4, pow2 = true)",
+            "fp8_block(pow2 = true, wgrad = nvfp4)",
+        ),
+    ] {
+        let recipe = r(text);
+        assert_eq!(recipe.to_string(), want, "{text}");
+        assert_eq!(r(want), recipe, "{want} parses back");
+    }
+    assert_eq!(r("fp8_block(pow2 = false)"), r("fp8_block"));
+    // Every GEMM overridden: the base row no longer matters.
+    assert_eq!(
+        r("nvfp4(fprop = fp8_rowwise, dgrad = fp8_rowwise, wgrad = fp8_rowwise)"),
+        r("fp8_rowwise")
+    );
+    assert_ne!(r("fp8_rowwise"), r("fp8_block"));
+    assert_ne!(r("nvfp4(hadamard = false)"), r("nvfp4"));
+}
+
+#[test]
+fn the_new_recipes_options_are_checked_against_the_table() {
+    assert_eq!(
+        err("nvfp4(scale = rceil)"),
+        "option `scale` does not apply to recipe `nvfp4`: it applies to mxfp4, mxfp8; \
+         recipe `nvfp4` takes sr, hadamard, tile2d, fprop, dgrad, wgrad"
+    );
+    assert_eq!(
+        err("fp8_rowwise(tile2d = true)"),
+        "option `tile2d` does not apply to recipe `fp8_rowwise`: it applies to mxfp4, mxfp8, \
+         nvfp4, fp8_block; recipe `fp8_rowwise` takes pow2, fprop, dgrad, wgrad"
+    );
+    assert_eq!(
+        err("fp8_block(sr = true)"),
+        "option `sr` does not apply to recipe `fp8_block`: it applies to mxfp4, mxfp8, nvfp4; \
+         recipe `fp8_block` takes tile2d, pow2, fprop, dgrad, wgrad"
+    );
+    assert_eq!(
+        err("nvfp4(pow2 = true)"),
+        "option `pow2` does not apply to recipe `nvfp4`: it applies to fp8, fp8_fnuz, \
+         fp8_rowwise, fp8_block; recipe `nvfp4` takes sr, hadamard, tile2d, fprop, dgrad, wgrad"
+    );
+    assert!(err("nvfp5").starts_with("unknown recipe `nvfp5`; did you mean `nvfp4`?"));
+    assert!(
+        err("fp8_rowise").starts_with("unknown recipe `fp8_rowise`; did you mean `fp8_rowwise`?")
+    );
+    assert!(err("mxfp4(dgrad = fp8_blok)").contains("did you mean `fp8_block`?"));
 }

@@ -5,7 +5,10 @@
 //! the MX and FP8 codes, whose products are f32 values), applies the
 //! product of the tensorwise scales to the result, then adds the bias in
 //! f32. An operand stored `[rows, cols]` whose reduction axis is its first
-//! is read through a transposed view, never copied.
+//! is read through a transposed view, never copied. Operands whose scales
+//! follow the reduction axis (MX, NVFP4, FP8 rowwise and 128-block) are
+//! quantized axis-last and multiplied as their dequantized values
+//! (`dequantize_rows`: the codes times their block's or row's scale).
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -16,7 +19,11 @@ use super::matmul::matmul;
 use super::{bf16_to_f32, f32_to_bf16, CpuDevice, CpuStorage};
 use crate::backend::{Along, BackendStorage, Format, LinearBackend, Quantized, Request, Want};
 use crate::formats::bf16;
-use crate::quant::{quantize_mx, quantize_rows, quantize_tensorwise, Fp8Tensor, MxTensor};
+use crate::quant::{
+    quantize_fp8_group_rows, quantize_fp8_groups, quantize_mx, quantize_nvfp4, quantize_nvfp4_rows,
+    quantize_rows, quantize_tensorwise, Fp8GroupConfig, Fp8GroupTensor, Fp8Tensor, MxTensor,
+    Nvfp4Config, Nvfp4Tensor,
+};
 use crate::{DType, Error, Layout, Result, Shape};
 
 /// Exact f32 values of a row-major `[rows, cols]` matrix, ready for a GEMM:
@@ -25,11 +32,11 @@ use crate::{DType, Error, Layout, Result, Shape};
 pub struct Matrix {
     /// Shared between the operands one quantization serves.
     pub values: Arc<Vec<f32>>,
-    /// Rows as stored, row-major (for MX values, the rows of the axis-last
-    /// blocked copy).
+    /// Rows as stored, row-major (for MX, NVFP4 and FP8 group values, the
+    /// rows of the axis-last copy).
     pub rows: usize,
-    /// Columns as stored (for MX values, the reduction length padded to whole
-    /// blocks of 32).
+    /// Columns as stored (for MX, NVFP4 and FP8 group values, the reduction
+    /// length padded to whole blocks: of 32, 16 and 128; rowwise: unpadded).
     pub cols: usize,
     /// The GEMM's reduction axis.
     pub along: Along,
@@ -83,6 +90,11 @@ pub enum CpuOperand {
     },
     /// MX blocks along the reduction axis, axis-last (`quant::mx`).
     Mx(MxTensor),
+    /// NVFP4 blocks along the reduction axis, axis-last (`quant::nvfp4`).
+    Nvfp4(Nvfp4Tensor),
+    /// E4M3 codes with rowwise or 128-block scales along the reduction
+    /// axis, axis-last (`quant::fp8_group`).
+    Fp8Group(Fp8GroupTensor),
 }
 
 impl CpuOperand {
@@ -109,6 +121,10 @@ impl CpuOperand {
                 m(decode(q), q.shape[0], q.shape[1], *along, q.scale_inv)
             }
             CpuOperand::Mx(q) => m(q.dequantize_rows(), q.rows, q.padded_len, Along::Cols, 1.0),
+            CpuOperand::Nvfp4(q) => m(q.dequantize_rows(), q.rows, q.padded_len, Along::Cols, 1.0),
+            CpuOperand::Fp8Group(q) => {
+                m(q.dequantize_rows(), q.rows, q.padded_len, Along::Cols, 1.0)
+            }
         }
     }
 }
@@ -120,9 +136,22 @@ fn decode(q: &Fp8Tensor) -> Vec<f32> {
 }
 
 /// Whether one quantization serves both wants: tensorwise and BF16 copies do
-/// not depend on the axis, MX blocks do.
+/// not depend on the axis, MX, NVFP4 and FP8 group scales do.
 fn shared(a: &Want, b: &Want) -> bool {
-    a.format == b.format && (a.along == b.along || !matches!(a.format, Format::Mx(_)))
+    a.format == b.format && (a.along == b.along || !a.format.follows_axis())
+}
+
+/// A non-finite-amax error of a quantizer that names the tensor by its
+/// place in the axis-last view, relabelled with the linear's `label` (its
+/// layer, role and iteration) in front, as SPEC section 3 names tensors.
+fn relabel(e: Error, label: &dyn Fn() -> String) -> Error {
+    match e {
+        Error::NonFiniteAmax { tensor, amax } => Error::NonFiniteAmax {
+            tensor: format!("{}: {tensor}", label()),
+            amax,
+        },
+        other => other,
+    }
 }
 
 /// The quantizer's input, `[rows, cols]` row-major.
@@ -145,6 +174,22 @@ impl Input<'_> {
         }
     }
 
+    fn nvfp4(&self, want: &Want, cfg: &Nvfp4Config) -> Result<Nvfp4Tensor> {
+        match want.along {
+            Along::Cols => quantize_nvfp4_rows(self.x, self.rows, self.cols, cfg),
+            Along::Rows => quantize_nvfp4(self.x, &[self.rows, self.cols], 0, cfg),
+        }
+        .map_err(|e| relabel(e, self.label))
+    }
+
+    fn fp8_group(&self, want: &Want, cfg: &Fp8GroupConfig) -> Result<Fp8GroupTensor> {
+        match want.along {
+            Along::Cols => quantize_fp8_group_rows(self.x, self.rows, self.cols, cfg),
+            Along::Rows => quantize_fp8_groups(self.x, &[self.rows, self.cols], 0, cfg),
+        }
+        .map_err(|e| relabel(e, self.label))
+    }
+
     /// The compact copy of `want`, kept for the backward.
     fn kept(&self, want: &Want) -> Result<CpuOperand> {
         let (rows, cols, along) = (self.rows, self.cols, want.along);
@@ -160,6 +205,8 @@ impl Input<'_> {
                 along,
             },
             Format::Mx(cfg) => CpuOperand::Mx(self.mx(want, &cfg)?),
+            Format::Nvfp4(cfg) => CpuOperand::Nvfp4(self.nvfp4(want, &cfg)?),
+            Format::Fp8Group(cfg) => CpuOperand::Fp8Group(self.fp8_group(want, &cfg)?),
         })
     }
 
@@ -172,15 +219,9 @@ impl Input<'_> {
                 let q = self.tensorwise(elem, pow2)?;
                 (decode(&q), q.scale_inv)
             }
-            Format::Mx(cfg) => {
-                let q = self.mx(want, &cfg)?;
-                return Ok(Matrix {
-                    values: Arc::new(q.dequantize_rows()),
-                    rows: q.rows,
-                    cols: q.padded_len,
-                    along: Along::Cols,
-                    scale_inv: 1.0,
-                });
+            Format::Mx(_) | Format::Nvfp4(_) | Format::Fp8Group(_) => {
+                // Axis-last values: the kept form's GEMM operand.
+                return Ok(self.kept(want)?.matrix().into_owned());
             }
         };
         Ok(Matrix {
@@ -193,10 +234,11 @@ impl Input<'_> {
     }
 }
 
-/// `m` read along `along` (MX values keep the axis they were quantized along).
+/// `m` read along `along` (MX, NVFP4 and FP8 group values keep the axis
+/// they were quantized along).
 fn reoriented(m: &Matrix, want: &Want) -> Matrix {
     let mut m = m.clone();
-    if !matches!(want.format, Format::Mx(_)) {
+    if !want.format.follows_axis() {
         m.along = want.along;
     }
     m
@@ -292,6 +334,13 @@ impl LinearBackend for CpuStorage {
             CpuOperand::Bf16 { bits, .. } => 2 * bits.len(),
             CpuOperand::Fp8 { q, .. } => q.nbytes(),
             CpuOperand::Mx(q) => q.nbytes(),
+            // Padded as stored: under the Hadamard the padding of a row's
+            // last group of 16 holds rotated values the GEMM reads.
+            CpuOperand::Nvfp4(q) => q.nbytes(),
+            // A byte per real element and the two f32 of every group (SPEC
+            // 3b's `nbytes` without the zero padding of a last 128-block,
+            // which no GEMM needs: "1.0 plus its scales", SPEC 4a).
+            CpuOperand::Fp8Group(q) => q.rows * q.len + 8 * q.scales.len(),
         }
     }
 
@@ -301,6 +350,8 @@ impl LinearBackend for CpuStorage {
             CpuOperand::Bf16 { bits, .. } => bits.len(),
             CpuOperand::Fp8 { q, .. } => q.codes.len(),
             CpuOperand::Mx(q) => q.rows * q.len,
+            CpuOperand::Nvfp4(q) => q.rows * q.len,
+            CpuOperand::Fp8Group(q) => q.rows * q.len,
         }
     }
 

@@ -402,6 +402,18 @@ impl LinearBackend for CudaStorage {
     type Operand<'a> = CudaOperand<'a>;
 
     fn quantize<'a>(&'a self, req: &Request) -> Result<Quantized<'a, CudaStorage>> {
+        // TODO(lead): NVFP4 and FP8 rowwise / 128-block kernels (SPEC 2b, 3b).
+        if let Some(kind) = req
+            .now
+            .iter()
+            .chain(&req.keep)
+            .find_map(|w| w.format.new_recipe())
+        {
+            return Err(crate::Error::NotImplemented(format!(
+                "recipe `{kind}` on the GPU: the CUDA backend does not run it yet (it runs on \
+                 --device cpu)"
+            )));
+        }
         self.quantize_request(req).map_err(backend_err)
     }
 

@@ -1,14 +1,19 @@
 //! The one `match` from a user-facing quantization format to its quantizer.
-//! The MX formats are named and configured as the recipes of the same name.
+//! The block and row formats are named and configured as the recipes of the
+//! same name: MX (`mxfp4`, `mxfp8`), NVFP4 (`nvfp4`) and FP8 rowwise and
+//! 128-block (`fp8-rowwise`, `fp8-block`, the `fp8_rowwise` and `fp8_block`
+//! recipes' operands); `fp8-<elem>` is tensorwise FP8.
 
 use std::fmt;
 use std::str::FromStr;
 
 use super::fp8::{quantize_tensorwise, Fp8Tensor};
+use super::fp8_group::{quantize_fp8_groups, Fp8GroupConfig, Fp8GroupTensor, Grouping};
 use super::mx::{quantize_mx, MxConfig, MxTensor};
+use super::nvfp4::{quantize_nvfp4, Nvfp4Config, Nvfp4Tensor};
 use super::scale::ScaleMode;
 use crate::formats::ElemFormat;
-use crate::recipe::RecipeKind;
+use crate::recipe::{Recipe, RecipeKind};
 use crate::{Error, Result};
 
 /// A quantization format as the command line names it.
@@ -20,25 +25,79 @@ pub enum QuantFormat {
     Mxfp8,
     /// Tensorwise FP8 with the given 8-bit element.
     Fp8(ElemFormat),
+    /// NVFP4: blocks of 16 E2M1 elements with E4M3FN scales under an f32
+    /// tensor scale (`nvfp4`, SPEC section 2b).
+    Nvfp4,
+    /// E4M3FN with one f32 scale per row along the axis (`fp8-rowwise`,
+    /// SPEC section 3b).
+    Fp8Rowwise,
+    /// E4M3FN with one f32 scale per 1x128 block along the axis, or per
+    /// 128x128 tile (`fp8-block`, SPEC section 3b).
+    Fp8Block,
+}
+
+/// An option of [`QuantOptions`], by its command-line flag, for the rule
+/// of which formats take it ([`QuantFormat::takes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuantFlag {
+    /// `--scale-mode`: the MX block-scale rule.
+    ScaleMode,
+    /// `--axis`: the quantization axis of block and row scales.
+    Axis,
+    /// `--tile2d`: one scale per 2-D tile of a matrix.
+    Tile2d,
+    /// `--hadamard`: the Hadamard-16 rotation first.
+    Hadamard,
+    /// `--pow2`: FP8 scales rounded down to powers of two.
+    Pow2,
+}
+
+impl QuantFlag {
+    /// Every flag, in the order errors check them.
+    pub const ALL: [QuantFlag; 5] = [
+        QuantFlag::ScaleMode,
+        QuantFlag::Axis,
+        QuantFlag::Tile2d,
+        QuantFlag::Hadamard,
+        QuantFlag::Pow2,
+    ];
+
+    /// The flag as the command line spells it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            QuantFlag::ScaleMode => "--scale-mode",
+            QuantFlag::Axis => "--axis",
+            QuantFlag::Tile2d => "--tile2d",
+            QuantFlag::Hadamard => "--hadamard",
+            QuantFlag::Pow2 => "--pow2",
+        }
+    }
 }
 
 impl QuantFormat {
     /// Every valid format, in the order error messages list them.
-    pub const ALL: [QuantFormat; 6] = [
+    pub const ALL: [QuantFormat; 9] = [
         QuantFormat::Mxfp4,
         QuantFormat::Mxfp8,
         QuantFormat::Fp8(ElemFormat::E4M3FN),
         QuantFormat::Fp8(ElemFormat::E5M2),
         QuantFormat::Fp8(ElemFormat::E4M3FNUZ),
         QuantFormat::Fp8(ElemFormat::E5M2FNUZ),
+        QuantFormat::Nvfp4,
+        QuantFormat::Fp8Rowwise,
+        QuantFormat::Fp8Block,
     ];
 
-    /// The command-line name: `mxfp4`, `mxfp8` or `fp8-<elem>` (e.g. `fp8-e4m3`),
-    /// which [`FromStr`] parses back.
+    /// The command-line name: `mxfp4`, `mxfp8`, `nvfp4`, `fp8-rowwise`,
+    /// `fp8-block` or `fp8-<elem>` (e.g. `fp8-e4m3`), which [`FromStr`]
+    /// parses back.
     pub const fn name(self) -> &'static str {
         match self {
             QuantFormat::Mxfp4 => RecipeKind::Mxfp4.name(),
             QuantFormat::Mxfp8 => RecipeKind::Mxfp8.name(),
+            QuantFormat::Nvfp4 => RecipeKind::Nvfp4.name(),
+            QuantFormat::Fp8Rowwise => "fp8-rowwise",
+            QuantFormat::Fp8Block => "fp8-block",
             QuantFormat::Fp8(ElemFormat::E4M3FN) => "fp8-e4m3",
             QuantFormat::Fp8(ElemFormat::E5M2) => "fp8-e5m2",
             QuantFormat::Fp8(ElemFormat::E4M3FNUZ) => "fp8-e4m3fnuz",
@@ -47,20 +106,49 @@ impl QuantFormat {
         }
     }
 
-    /// True for the block-scaled formats, the only ones with scale modes,
-    /// tiles and the Hadamard option.
+    /// True for the MX block formats, the only ones with scale modes.
     pub const fn is_mx(self) -> bool {
         matches!(self, QuantFormat::Mxfp4 | QuantFormat::Mxfp8)
     }
 
+    /// Whether the format takes `flag`: scale modes are MX's; every block
+    /// or row format has an axis; tiles are MX's, NVFP4's and the 128-block
+    /// format's; the Hadamard option is MX's and NVFP4's; power-of-two
+    /// scales are every FP8 format's.
+    pub const fn takes(self, flag: QuantFlag) -> bool {
+        use QuantFormat as F;
+        match flag {
+            QuantFlag::ScaleMode => self.is_mx(),
+            QuantFlag::Axis => !matches!(self, F::Fp8(_)),
+            QuantFlag::Tile2d => matches!(self, F::Mxfp4 | F::Mxfp8 | F::Nvfp4 | F::Fp8Block),
+            QuantFlag::Hadamard => matches!(self, F::Mxfp4 | F::Mxfp8 | F::Nvfp4),
+            QuantFlag::Pow2 => matches!(self, F::Fp8(_) | F::Fp8Rowwise | F::Fp8Block),
+        }
+    }
+
     /// The config of the recipe of the same name, as it quantizes
-    /// activations: the recipe table's default scale mode (SPEC section 4).
+    /// activations: the recipe table's default scale mode (SPEC section 4);
+    /// `None` for the formats without scale modes.
     pub fn default_config(self) -> Option<MxConfig> {
         match self {
             QuantFormat::Mxfp4 => Some(MxConfig::mxfp4()),
             QuantFormat::Mxfp8 => Some(MxConfig::mxfp8()),
-            QuantFormat::Fp8(_) => None,
+            _ => None,
         }
+    }
+
+    /// The `pow2` default of an FP8 format: its recipe's (`fp8`,
+    /// `fp8_fnuz`: off; `fp8_rowwise`: on; `fp8_block`: off); `None` for
+    /// the formats without it.
+    pub fn default_pow2(self) -> Option<bool> {
+        let kind = match self {
+            QuantFormat::Fp8(ElemFormat::E4M3FNUZ | ElemFormat::E5M2FNUZ) => RecipeKind::Fp8Fnuz,
+            QuantFormat::Fp8(_) => RecipeKind::Fp8,
+            QuantFormat::Fp8Rowwise => RecipeKind::Fp8Rowwise,
+            QuantFormat::Fp8Block => RecipeKind::Fp8Block,
+            _ => return None,
+        };
+        Some(Recipe::new(kind).pow2)
     }
 }
 
@@ -86,17 +174,57 @@ impl FromStr for QuantFormat {
     }
 }
 
-/// Options of one quantization; the MX-only ones are errors for FP8.
+/// Options of one quantization; each applies to the formats that
+/// [`QuantFormat::takes`] it, and is an error for the others.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QuantOptions {
     /// Block-scale rule for MX formats; `None` keeps the recipe's default.
     pub scale_mode: Option<ScaleMode>,
-    /// Quantization axis for MX formats; negative counts from the end.
+    /// Quantization axis of block and row scales; negative counts from the end.
     pub axis: Option<isize>,
-    /// MX only: one scale per 32x32 tile of a 2-D tensor instead of per 1x32 block.
+    /// One scale per 32x32 (MX), 16x16 (NVFP4) or 128x128 (FP8 block) tile
+    /// of a 2-D tensor instead of per 1-D block.
     pub tile2d: bool,
-    /// MX only: rotate each group of 16 along the axis by (1/4) H16 first.
+    /// MX and NVFP4: rotate each group of 16 along the axis by (1/4) H16 first.
     pub hadamard: bool,
+    /// FP8 formats: scales rounded down to powers of two; `None` keeps the
+    /// recipe's default ([`QuantFormat::default_pow2`]).
+    pub pow2: Option<bool>,
+}
+
+impl QuantOptions {
+    /// Whether `flag` was given.
+    const fn is_set(&self, flag: QuantFlag) -> bool {
+        match flag {
+            QuantFlag::ScaleMode => self.scale_mode.is_some(),
+            QuantFlag::Axis => self.axis.is_some(),
+            QuantFlag::Tile2d => self.tile2d,
+            QuantFlag::Hadamard => self.hadamard,
+            QuantFlag::Pow2 => self.pow2.is_some(),
+        }
+    }
+
+    /// An error naming the first option `format` does not take and the
+    /// formats that take it. Checks only the format: what depends on a
+    /// tensor (its rank, the axis' range) is checked when it is quantized.
+    pub fn check(&self, format: QuantFormat) -> Result<()> {
+        let Some(flag) = QuantFlag::ALL
+            .into_iter()
+            .find(|&f| self.is_set(f) && !format.takes(f))
+        else {
+            return Ok(());
+        };
+        let takers: Vec<&str> = QuantFormat::ALL
+            .into_iter()
+            .filter(|f| f.takes(flag))
+            .map(QuantFormat::name)
+            .collect();
+        Err(Error::InvalidOption(format!(
+            "{} applies only to {}, not to {format}",
+            flag.name(),
+            takers.join(", ")
+        )))
+    }
 }
 
 /// The result of [`quantize`].
@@ -106,6 +234,10 @@ pub enum Quantized {
     Mx(MxTensor),
     /// A tensorwise FP8 format's codes and scale.
     Fp8(Fp8Tensor),
+    /// NVFP4's blocks, block scales and tensor scale.
+    Nvfp4(Nvfp4Tensor),
+    /// FP8 rowwise or 128-block codes and scales.
+    Fp8Group(Fp8GroupTensor),
 }
 
 /// Quantize `x` of `shape` to `format`; `name` labels errors.
@@ -116,31 +248,42 @@ pub fn quantize(
     opts: &QuantOptions,
     name: &str,
 ) -> Result<Quantized> {
-    match format.default_config() {
-        Some(mut cfg) => {
+    opts.check(format)?;
+    let axis = opts.axis.unwrap_or(-1);
+    let pow2 = opts.pow2.or(format.default_pow2()).unwrap_or(false);
+    match format {
+        QuantFormat::Mxfp4 | QuantFormat::Mxfp8 => {
+            let mut cfg = format
+                .default_config()
+                .ok_or_else(|| Error::NotImplemented(format!("quantization to {format}")))?;
             if let Some(m) = opts.scale_mode {
                 cfg.scale_mode = m;
             }
             cfg.tile2d = opts.tile2d;
             cfg.hadamard = opts.hadamard;
-            quantize_mx(x, shape, opts.axis.unwrap_or(-1), &cfg).map(Quantized::Mx)
+            quantize_mx(x, shape, axis, &cfg).map(Quantized::Mx)
         }
-        None => {
-            let mx_only = [
-                (opts.scale_mode.is_some(), "--scale-mode"),
-                (opts.axis.is_some(), "--axis"),
-                (opts.tile2d, "--tile2d"),
-                (opts.hadamard, "--hadamard"),
-            ];
-            if let Some((_, flag)) = mx_only.iter().find(|(set, _)| *set) {
-                return Err(Error::InvalidOption(format!(
-                    "{flag} applies only to the MX formats (mxfp4, mxfp8), not to {format}"
-                )));
-            }
-            let QuantFormat::Fp8(elem) = format else {
-                return Err(Error::NotImplemented(format!("quantization to {format}")));
+        QuantFormat::Fp8(elem) => {
+            quantize_tensorwise(x, shape, elem, pow2, name).map(Quantized::Fp8)
+        }
+        QuantFormat::Nvfp4 => {
+            let cfg = Nvfp4Config {
+                tile2d: opts.tile2d,
+                hadamard: opts.hadamard,
+                sr: None,
             };
-            quantize_tensorwise(x, shape, elem, false, name).map(Quantized::Fp8)
+            quantize_nvfp4(x, shape, axis, &cfg).map(Quantized::Nvfp4)
+        }
+        QuantFormat::Fp8Rowwise | QuantFormat::Fp8Block => {
+            let grouping = if format == QuantFormat::Fp8Rowwise {
+                Grouping::Rowwise
+            } else {
+                Grouping::Block128 {
+                    tile2d: opts.tile2d,
+                }
+            };
+            let cfg = Fp8GroupConfig { grouping, pow2 };
+            quantize_fp8_groups(x, shape, axis, &cfg).map(Quantized::Fp8Group)
         }
     }
 }
@@ -151,16 +294,21 @@ impl Quantized {
         match self {
             Quantized::Mx(q) => q.dequantize(),
             Quantized::Fp8(q) => q.dequantize(),
+            Quantized::Nvfp4(q) => q.dequantize(),
+            Quantized::Fp8Group(q) => q.dequantize(),
         }
     }
 
     /// Number of blocks given the NaN scale (see
-    /// [`MxTensor::count_nan_scales`]) out of all blocks; FP8 has one
-    /// scale, finite for any finite input, so it reports `(0, 1)`.
+    /// [`MxTensor::count_nan_scales`]) out of all blocks; the other formats
+    /// have no NaN scale (they refuse non-finite input), so they report 0
+    /// of their scales (1 for tensorwise FP8).
     pub fn nan_scales(&self) -> (usize, usize) {
         match self {
             Quantized::Mx(q) => (q.count_nan_scales(), q.scales.len()),
             Quantized::Fp8(_) => (0, 1),
+            Quantized::Nvfp4(q) => (0, q.scales.len()),
+            Quantized::Fp8Group(q) => (0, q.scales.len()),
         }
     }
 
@@ -173,6 +321,8 @@ impl Quantized {
                 let max = q.elem.max_value();
                 x.iter().filter(|&&v| (v * q.scale).abs() > max).count()
             }
+            Quantized::Nvfp4(q) => q.count_saturated(x),
+            Quantized::Fp8Group(q) => q.count_saturated(x),
         }
     }
 }

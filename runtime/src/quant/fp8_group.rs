@@ -27,8 +27,9 @@ use crate::formats::{encode_rne, ElemFormat, MiniFloat};
 use crate::simd::with_avx2;
 use crate::{Error, Result};
 
-/// Elements per group of the 128-block grouping, and the side of its tiles.
-pub const FP8_BLOCK: usize = 128;
+/// Elements per group of the 128-block grouping, and the side of its
+/// tiles: the recipe table's FP8 block.
+pub const FP8_BLOCK: usize = mxswitch_recipes::FP8_BLOCK as usize;
 
 /// The element format of every group-scaled FP8 tensor.
 pub const FP8_GROUP_ELEM: ElemFormat = ElemFormat::E4M3FN;
@@ -395,6 +396,26 @@ impl Fp8GroupTensor {
     /// inverse), as [`super::Fp8Tensor::nbytes`] counts its two scalars.
     pub fn nbytes(&self) -> usize {
         self.codes.len() + 8 * self.scales.len()
+    }
+
+    /// Number of elements of `x` (the quantized input, in its own layout)
+    /// whose scaled magnitude |fl32(v * scale)| exceeded 448 and was clipped.
+    pub fn count_saturated(&self, x: &[f32]) -> usize {
+        let rows = axis_last(x, &self.shape, self.axis);
+        let (len, gpr, group_len) = (self.len, self.groups_per_row(), self.group_len);
+        let max = FP8_GROUP_ELEM.max_value();
+        if len == 0 {
+            return 0;
+        }
+        rows.par_chunks(len)
+            .zip(self.scales.par_chunks(gpr))
+            .map(|(row, sc)| {
+                row.chunks(group_len.max(1))
+                    .zip(sc)
+                    .map(|(g, &s)| g.iter().filter(|&&v| (v * s).abs() > max).count())
+                    .sum::<usize>()
+            })
+            .sum()
     }
 }
 

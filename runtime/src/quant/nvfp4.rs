@@ -36,8 +36,8 @@ use crate::formats::{encode_rne, encode_sr, ElemFormat, MiniFloat};
 use crate::simd::with_avx2;
 use crate::{Error, Result};
 
-/// Elements per NVFP4 block, and the side of a 2-D tile.
-pub const NVFP4_BLOCK: usize = 16;
+/// Elements per NVFP4 block, and the side of a 2-D tile: the recipe table's NVFP4 block.
+pub const NVFP4_BLOCK: usize = mxswitch_recipes::NVFP4_BLOCK as usize;
 
 /// The divisor of the tensor scale: 448 (E4M3FN max) * 6 (E2M1 max).
 pub const NVFP4_TENSOR_DIVISOR: f32 = 2688.0;
@@ -395,6 +395,29 @@ impl Nvfp4Tensor {
     /// Bytes held: codes, scale bytes and the f32 tensor scale.
     pub fn nbytes(&self) -> usize {
         self.codes.len() + self.scales.len() + 4
+    }
+
+    /// Number of elements of `x` (the quantized input, in its own layout)
+    /// whose scaled magnitude |fl32(v * r)| exceeded 6 and was clipped
+    /// (after the Hadamard rotation, when it is on).
+    pub fn count_saturated(&self, x: &[f32]) -> usize {
+        let rows = axis_last(x, &self.shape, self.axis);
+        let data = prepare_rows(
+            &rows,
+            self.rows,
+            self.len,
+            self.padded_len,
+            self.config.hadamard,
+        );
+        let e4m3 = ElemFormat::E4M3FN.decode_table();
+        let inv_t = 1.0 / self.tensor_scale;
+        data.par_chunks(NVFP4_BLOCK)
+            .zip(self.scales.par_iter())
+            .map(|(block, &byte)| {
+                let r = inv_t / e4m3[byte as usize];
+                block.iter().filter(|&&v| (v * r).abs() > 6.0).count()
+            })
+            .sum()
     }
 }
 

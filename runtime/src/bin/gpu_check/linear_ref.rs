@@ -8,7 +8,10 @@ use mxswitch_runtime::backend::{Along, Format, Want};
 use mxswitch_runtime::cpu::{CpuOperand, CpuStorage};
 use mxswitch_runtime::formats::{bf16, ElemFormat};
 use mxswitch_runtime::qlinear::{LinearCtx, Saved};
-use mxswitch_runtime::quant::{quantize_mx, quantize_rows, quantize_tensorwise};
+use mxswitch_runtime::quant::{
+    quantize_fp8_group_rows, quantize_fp8_groups, quantize_mx, quantize_nvfp4, quantize_nvfp4_rows,
+    quantize_rows, quantize_tensorwise,
+};
 use mxswitch_runtime::recipe::Recipe;
 
 use crate::common::{cpu, first_diff};
@@ -80,6 +83,21 @@ fn operand_norms(
             let q = match want.along {
                 Along::Cols => cpu(quantize_rows(x, rows, cols, &cfg))?,
                 Along::Rows => cpu(quantize_mx(x, &[rows, cols], 0, &cfg))?,
+            };
+            (q.dequantize_rows(), q.rows, q.padded_len, Along::Cols)
+        }
+        // NVFP4 and FP8 group scales run along the reduction axis too.
+        Format::Nvfp4(cfg) => {
+            let q = match want.along {
+                Along::Cols => cpu(quantize_nvfp4_rows(x, rows, cols, &cfg))?,
+                Along::Rows => cpu(quantize_nvfp4(x, &[rows, cols], 0, &cfg))?,
+            };
+            (q.dequantize_rows(), q.rows, q.padded_len, Along::Cols)
+        }
+        Format::Fp8Group(cfg) => {
+            let q = match want.along {
+                Along::Cols => cpu(quantize_fp8_group_rows(x, rows, cols, &cfg))?,
+                Along::Rows => cpu(quantize_fp8_groups(x, &[rows, cols], 0, &cfg))?,
             };
             (q.dequantize_rows(), q.rows, q.padded_len, Along::Cols)
         }
@@ -245,6 +263,12 @@ fn same_operand(name: &str, g: &CpuOperand, c: &CpuOperand) -> Result<(), String
             }
             same(&format!("saved {name} scale bytes"), &a.scales, &b.scales)?;
             same(&format!("saved {name} codes"), &a.codes, &b.codes)
+        }
+        (CpuOperand::Nvfp4(a), CpuOperand::Nvfp4(b)) if a == b => Ok(()),
+        (CpuOperand::Fp8Group(a), CpuOperand::Fp8Group(b)) if a == b => Ok(()),
+        (CpuOperand::Nvfp4(_), CpuOperand::Nvfp4(_)) => Err(format!("saved NVFP4 {name} differs")),
+        (CpuOperand::Fp8Group(_), CpuOperand::Fp8Group(_)) => {
+            Err(format!("saved FP8 group {name} differs"))
         }
         _ => Err(format!("saved {name} is another kind of operand")),
     }
