@@ -8,7 +8,6 @@ use std::path::Path;
 use mxswitch::models::flux::{Flux, RunConfig};
 use mxswitch::runtime::plan::PrecisionModel;
 use mxswitch::runtime::recipe::RecipeKind;
-use mxswitch::runtime::Device;
 use mxswitch::train::{train, StepMetrics, TrainOptions, TrainSummary};
 
 const CONFIG: &str = concat!(
@@ -20,16 +19,8 @@ const SWITCH: u64 = 40;
 
 fn run(config: RunConfig, out: &Path) -> TrainSummary {
     train(&TrainOptions {
-        config: Some(config),
         iters: Some(ITERS),
-        switch_at: None,
-        device: Device::Cpu,
-        out: out.to_path_buf(),
-        seed: None,
-        resume: None,
-        init_from: None,
-        overwrite: false,
-        progress: false,
+        ..TrainOptions::new(config, out)
     })
     .unwrap()
 }
