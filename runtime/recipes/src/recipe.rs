@@ -68,16 +68,11 @@ impl Recipe {
         let (mut scale, mut pow2) = (None, None);
         let mut i = 0;
         while i < ops.len() {
-            match ops[i].scaling {
-                Scaling::Mx { mode, .. } if scale.is_none() => scale = Some(mode),
-                Scaling::Tensorwise { pow2: p }
-                | Scaling::Rowwise { pow2: p }
-                | Scaling::Block { pow2: p, .. }
-                    if pow2.is_none() =>
-                {
-                    pow2 = Some(p)
-                }
-                _ => {}
+            if let (Scaling::Mx { mode, .. }, None) = (ops[i].scaling, scale) {
+                scale = Some(mode);
+            }
+            if let (Some(p), None) = (ops[i].scaling.pow2(), pow2) {
+                pow2 = Some(p);
             }
             i += 1;
         }
@@ -258,23 +253,17 @@ impl Recipe {
         for &opt in row.options {
             match opt {
                 Opt::Scale => operands_mut(&mut s).into_iter().for_each(|o| {
-                    if let Scaling::Mx { mode, .. } = &mut o.scaling {
+                    if let Some(mode) = o.scaling.mode_mut() {
                         *mode = self.scale;
                     }
                 }),
                 Opt::Pow2 => operands_mut(&mut s).into_iter().for_each(|o| {
-                    if let Scaling::Tensorwise { pow2 }
-                    | Scaling::Rowwise { pow2 }
-                    | Scaling::Block { pow2, .. } = &mut o.scaling
-                    {
+                    if let Some(pow2) = o.scaling.pow2_mut() {
                         *pow2 = self.pow2;
                     }
                 }),
                 Opt::Tile2d => [&mut s.fprop.b, &mut s.dgrad.b].into_iter().for_each(|o| {
-                    if let Scaling::Mx { tile, .. }
-                    | Scaling::Nvfp4 { tile, .. }
-                    | Scaling::Block { tile, .. } = &mut o.scaling
-                    {
+                    if let Some(tile) = o.scaling.tile_mut() {
                         *tile = self.tile2d;
                     }
                 }),

@@ -187,12 +187,61 @@ impl Scaling {
 
     /// Whether the scales share one per tile of a weight.
     pub const fn tiled(&self) -> bool {
-        matches!(
-            self,
-            Scaling::Mx { tile: true, .. }
-                | Scaling::Nvfp4 { tile: true, .. }
-                | Scaling::Block { tile: true, .. }
-        )
+        matches!(self.tile(), Some(true))
+    }
+
+    /// The tile flag, where the scaling has tiles (the `tile2d` option).
+    /// Exhaustive, so a new scaling must say whether it has one.
+    pub const fn tile(&self) -> Option<bool> {
+        match *self {
+            Scaling::Mx { tile, .. }
+            | Scaling::Nvfp4 { tile, .. }
+            | Scaling::Block { tile, .. } => Some(tile),
+            Scaling::None | Scaling::Tensorwise { .. } | Scaling::Rowwise { .. } => None,
+        }
+    }
+
+    /// The tile flag to set, where the scaling has tiles.
+    pub fn tile_mut(&mut self) -> Option<&mut bool> {
+        match self {
+            Scaling::Mx { tile, .. }
+            | Scaling::Nvfp4 { tile, .. }
+            | Scaling::Block { tile, .. } => Some(tile),
+            Scaling::None | Scaling::Tensorwise { .. } | Scaling::Rowwise { .. } => None,
+        }
+    }
+
+    /// The power-of-two flag, where the scaling has f32 scales that may be
+    /// rounded (the `pow2` option). Exhaustive, as [`Scaling::tile`].
+    pub const fn pow2(&self) -> Option<bool> {
+        match *self {
+            Scaling::Tensorwise { pow2 }
+            | Scaling::Rowwise { pow2 }
+            | Scaling::Block { pow2, .. } => Some(pow2),
+            Scaling::None | Scaling::Mx { .. } | Scaling::Nvfp4 { .. } => None,
+        }
+    }
+
+    /// The power-of-two flag to set, where the scaling has one.
+    pub fn pow2_mut(&mut self) -> Option<&mut bool> {
+        match self {
+            Scaling::Tensorwise { pow2 }
+            | Scaling::Rowwise { pow2 }
+            | Scaling::Block { pow2, .. } => Some(pow2),
+            Scaling::None | Scaling::Mx { .. } | Scaling::Nvfp4 { .. } => None,
+        }
+    }
+
+    /// The MX scale mode to set, where the scaling has one (the `scale` option).
+    pub fn mode_mut(&mut self) -> Option<&mut ScaleMode> {
+        match self {
+            Scaling::Mx { mode, .. } => Some(mode),
+            Scaling::None
+            | Scaling::Tensorwise { .. }
+            | Scaling::Nvfp4 { .. }
+            | Scaling::Rowwise { .. }
+            | Scaling::Block { .. } => None,
+        }
     }
 }
 

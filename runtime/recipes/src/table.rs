@@ -174,7 +174,8 @@ const fn tiled(op: OperandSpec) -> OperandSpec {
             tile: true,
             pow2,
         },
-        other => other,
+        // These scalings have no tiles to share.
+        other @ (Scaling::None | Scaling::Tensorwise { .. } | Scaling::Rowwise { .. }) => other,
     };
     OperandSpec { scaling, ..op }
 }
