@@ -56,8 +56,10 @@ QUANT_NAMES = [
 LINEAR_TARGETS = {
     ("fp8", 3072, 12288): 1.3, ("fp8", 12288, 3072): 1.3, ("fp8", 3072, 3072): 1.1,
     ("mxfp4", 3072, 12288): 0.8, ("mxfp4", 12288, 3072): 0.8, ("mxfp4", 3072, 3072): 0.8,
+    # Issue 18: with native block-scaled GEMMs; nvfp4 is dequantize + BF16 GEMM, as mxfp4.
+    ("fp8_rowwise", 3072, 12288): 1.2, ("fp8_block", 3072, 12288): 1.2, ("nvfp4", 3072, 12288): 0.8,
 }
-LINEAR_RECIPES = ["bf16", "fp8", "mxfp4", "mxfp8"]  # printed in this order, others after
+LINEAR_RECIPES = ["bf16", "fp8", "mxfp4", "mxfp8", "nvfp4", "fp8_rowwise", "fp8_block"]  # printed in this order, others after
 TORCH_PEER_OF = {"bf16": "bf16", "fp8": "fp8_scaled_mm", "mxfp4": "mxfp4_fakequant"}
 
 

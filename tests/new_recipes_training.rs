@@ -103,3 +103,21 @@ fn flux_tiny_trains_through_nvfp4_then_fp8_block() {
         ]
     );
 }
+
+/// The H200 run of the README: flux-small's model, data and learning rate,
+/// with the schedule of the flux-tiny run above.
+#[test]
+fn flux_small_nvfp4_config_is_flux_small_with_the_new_schedule() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/configs/flux-small-nvfp4.ron"
+    );
+    let (c, small, tiny) = (
+        RunConfig::load(path).unwrap(),
+        RunConfig::load("flux-small").unwrap(),
+        RunConfig::load(CONFIG).unwrap(),
+    );
+    assert_eq!((&c.model, &c.data), (&small.model, &small.data));
+    assert_eq!((c.train.lr, &c.train.activations), (small.train.lr, &small.train.activations));
+    assert_eq!((c.train.iters, &c.schedule), (ITERS, &tiny.schedule));
+}
