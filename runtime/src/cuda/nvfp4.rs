@@ -201,7 +201,11 @@ impl CudaContext {
         let name = if extras {
             by_dtype(dtype, "quantize_nvfp4_f32", "quantize_nvfp4_bf16")
         } else {
-            by_dtype(dtype, "quantize_nvfp4_plain_f32", "quantize_nvfp4_plain_bf16")
+            by_dtype(
+                dtype,
+                "quantize_nvfp4_plain_f32",
+                "quantize_nvfp4_plain_bf16",
+            )
         };
         let key = cfg.sr.map_or(SrArg::default(), |k| SrArg {
             seed_lo: k.seed as u32,

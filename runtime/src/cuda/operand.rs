@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use super::lin_kernels::{act_in, act_out, native_types, r16, GemmShape, In, Operand, Out, Post};
 use super::storage::backend_err;
-use super::{MxDevice, Nvfp4Device};
 use super::{CudaContext, CudaDevice, CudaError, CudaStorage, DequantLayout, DevBuf, GemmDType};
+use super::{MxDevice, Nvfp4Device};
 use crate::backend::{Along, BackendStorage, Format, LinearBackend, Quantized, Request};
 use crate::cpu::CpuOperand;
 use crate::formats::ElemFormat;
@@ -488,7 +488,10 @@ impl LinearBackend for CudaStorage {
             CudaOperand::Mx { q, .. } => q.code_bytes() + q.nblocks(),
             // Kept: codes, E4M3 bytes and t, as the CPU's `nbytes`.
             CudaOperand::Nvfp4 { q, .. } => {
-                let kept = q.codes.as_ref().map_or(0, |_| q.code_bytes() + q.nblocks() + 4);
+                let kept = q
+                    .codes
+                    .as_ref()
+                    .map_or(0, |_| q.code_bytes() + q.nblocks() + 4);
                 kept + q.deq.as_ref().map_or(0, |_| 2 * q.rows * q.padded_len)
             }
         }

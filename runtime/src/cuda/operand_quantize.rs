@@ -245,7 +245,10 @@ impl CudaStorage {
     ) -> super::Result<()> {
         let ctx = self.device().context();
         let mut done: Vec<(Nvfp4Config, Along, Arc<Nvfp4Device>)> = Vec::new();
-        for &(slot, cfg, along) in reqs {
+        // The kept copy first, as the CPU quantizes it, so that a
+        // non-finite input is reported for the same copy.
+        let (kept, now): (Vec<_>, Vec<_>) = reqs.iter().partition(|r| out.is_keep(r.0));
+        for &(slot, cfg, along) in kept.into_iter().chain(now) {
             let keep = out.is_keep(slot);
             let same = |d: &&(Nvfp4Config, Along, _)| !keep && d.0 == cfg && d.1 == along;
             if let Some((.., q)) = done.iter().find(same) {
@@ -263,7 +266,11 @@ impl CudaStorage {
             let name = format!(
                 "{}: NVFP4 input of shape [{rows}, {cols}] along axis {axis}{}",
                 label(),
-                if cfg.hadamard { " (after the Hadamard)" } else { "" }
+                if cfg.hadamard {
+                    " (after the Hadamard)"
+                } else {
+                    ""
+                }
             );
             ctx.defer_finite_check(q.amax_ptr(), name)?;
             if !keep {
