@@ -13,7 +13,7 @@ use cudarc::driver::DeviceRepr;
 
 use super::lin_kernels::u32_of;
 use super::nvrtc::{launch_kernel, KernelSource};
-use super::quantize::{grid, input_size, read_state, state_scale_inv_ptr};
+use super::quantize::{grid, input_size, read_state, state_scale_inv_ptr, Phase};
 use super::storage::by_dtype;
 use super::{CudaContext, CudaError, DevBuf, Result};
 use crate::backend::Along;
@@ -35,15 +35,6 @@ const THREADS: u32 = 256;
 const EMPTY_STATE_WORDS: usize = 12;
 /// Word of the state holding t (NV_T, the FP8 state's scale_inv slot).
 const T_WORD: usize = 8;
-
-/// `phase` argument of quantize_nvfp4_* (enum NvPhase).
-#[derive(Clone, Copy)]
-#[repr(i32)]
-enum Phase {
-    Quantize = 0,
-    Amax = 1,
-    EncodeFixed = 2,
-}
 
 /// The stochastic-rounding key as the kernels take it (struct MxSrKey in
 /// common.cuh).

@@ -41,10 +41,11 @@ const CAST_TILE: u64 = 64;
 const FP8_STATE_BYTES: usize = 48;
 const FP8_SCALE_INV_OFFSET: u64 = 32;
 
-/// `phase` argument of quantize_mx_* (enum Phase in quantize_mx.cu).
+/// `phase` argument of quantize_mx_* (enum Phase in quantize_mx.cu) and
+/// of quantize_nvfp4_* (enum NvPhase, the same values).
 #[derive(Clone, Copy)]
 #[repr(i32)]
-enum Phase {
+pub(super) enum Phase {
     Quantize = 0,
     Amax = 1,
     EncodeFixed = 2,
