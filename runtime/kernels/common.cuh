@@ -405,21 +405,36 @@ __device__ __forceinline__ void encode_pack_finite(const float* x, u32* w) {
 // One MX block (SPEC section 2), shared by the row quantizer (quantize_mx.cu)
 // and the two-direction tile quantizer of the linears (mx_tile.cu).
 
-// Block amax as the max of |x| bits: NaN > Inf > every finite value.
-__device__ __forceinline__ u32 mx_block_amax_bits(const float* v) {
+// Amax of N values as the max of |x| bits: NaN > Inf > every finite value.
+template <int N>
+__device__ __forceinline__ u32 amax_bits(const float* v) {
     u32 m = 0u;
 #pragma unroll
-    for (int i = 0; i < MX_BLOCK; ++i) {
+    for (int i = 0; i < N; ++i) {
         const u32 a = f2u(v[i]) & 0x7FFFFFFFu;
         m = a > m ? a : m;
     }
     return m;
 }
 
+// Block amax of an MX block.
+__device__ __forceinline__ u32 mx_block_amax_bits(const float* v) { return amax_bits<MX_BLOCK>(v); }
+
 // The stochastic-rounding key of a tensor (SrKey): seed, step, tensor id.
 struct MxSrKey {
     u32 seed_lo, seed_hi, step, tensor_id;
 };
+
+// The four random words of elements 4 * group .. 4 * group + 3 of the
+// padded layout: philox([group lo, group hi, step, tensor_id], seed)
+// (SrKey::word; shared by the MX and NVFP4 encoders).
+__device__ __forceinline__ void sr_words(const MxSrKey& key, u64 group, u32 r[4]) {
+    r[0] = (u32)group;
+    r[1] = (u32)(group >> 32);
+    r[2] = key.step;
+    r[3] = key.tensor_id;
+    philox4x32_10(r, key.seed_lo, key.seed_hi);
+}
 
 // Packed codes of block b (pack_codes layout) at scale `byte`: v is scaled
 // by 2^(127 - byte) in place, then encoded RNE, or with `sr` stochastically,
@@ -442,9 +457,8 @@ __device__ __forceinline__ void mx_encode_block(float* v, u32 byte, bool sr, con
         u32 c[MX_BLOCK];
 #pragma unroll
         for (int g = 0; g < MX_BLOCK / 4; ++g) {
-            const u64 group = b * (MX_BLOCK / 4) + (u64)g;
-            u32 r[4] = {(u32)group, (u32)(group >> 32), key.step, key.tensor_id};
-            philox4x32_10(r, key.seed_lo, key.seed_hi);
+            u32 r[4];
+            sr_words(key, b * (MX_BLOCK / 4) + (u64)g, r);
 #pragma unroll
             for (int q = 0; q < 4; ++q) c[4 * g + q] = encode_sr<F>(v[4 * g + q], r[q]);
         }

@@ -20,6 +20,7 @@
 //! - [`nvrtc`]: kernel sources (`runtime/kernels/*.cu`) and the per-process
 //!   compile cache.
 //! - [`quantize`]: MX quantize / dequantize and FP8 tensorwise launches.
+//! - [`nvfp4`]: NVFP4 quantize (two-level scales) and its BF16 operand.
 //! - [`gemm`]: cuBLASLt matmuls: BF16 and FP8 (per-tensor scale pointers),
 //!   batched, with a fused bias where cuBLASLt has one.
 //! - [`storage`]: the tensor backend ([`CudaStorage`], [`CudaDevice`]).
@@ -40,6 +41,7 @@ pub(crate) mod driver;
 pub mod gemm;
 pub mod lin_kernels;
 pub mod mx_tile;
+pub mod nvfp4;
 pub mod nvrtc;
 pub mod operand;
 mod operand_quantize;
@@ -51,6 +53,7 @@ pub use alloc::{DevBuf, PoolStats};
 pub use context::{CudaContext, DeviceInfo, GpuFunction, GpuTimer};
 pub use gemm::{GemmDType, GemmOperand};
 pub use lin_kernels::bias_fallbacks;
+pub use nvfp4::{Nvfp4Device, Nvfp4Outputs};
 pub use operand::CudaOperand;
 pub use quantize::{DequantLayout, Fp8Device, Fp8Device2d, Fp8Outputs, MxDevice};
 pub use storage::{CudaDevice, CudaStorage};

@@ -78,7 +78,7 @@ pub const QUANTIZE_MX: KernelSource = kernel_source!("quantize_mx.cu");
 pub const QUANTIZE_FP8: KernelSource = kernel_source!("quantize_fp8.cu");
 
 /// Every kernel source of the backend, for compile checks.
-pub fn all_sources() -> [KernelSource; 7] {
+pub fn all_sources() -> [KernelSource; 8] {
     [
         QUANTIZE_MX,
         QUANTIZE_FP8,
@@ -87,6 +87,7 @@ pub fn all_sources() -> [KernelSource; 7] {
         super::adamw::ADAMW,
         super::mx_tile::MX_TILE,
         super::attention::ATTENTION,
+        super::nvfp4::QUANTIZE_NVFP4,
     ]
 }
 

@@ -5,6 +5,7 @@
 //! | BF16 | a zero-padded BF16 copy, or the input read in place when it is BF16 with both sides multiples of 16; a kept copy is unpadded | cuBLASLt BF16 (an operand whose reduction axis is its first is read transposed, in place), cropped |
 //! | tensorwise FP8 | `fp8_cast_2d`: the codes and/or their transpose from one read, padded to 16; the amax check deferred | cuBLASLt FP8 with per-tensor scale pointers; the FNUZ formats, which NVIDIA lacks, decoded exactly to BF16, a BF16 GEMM and both scales after it |
 //! | MX | `mx_tile`: one pass along rows and columns, writing codes (kept, or where the device multiplies them: gfx950) or the dequantized BF16 operand | the block-scaled GEMM of the codes where the device has one (gfx950, hipBLASLt `VEC32_UE8M0`); else BF16 GEMM of the dequantized blocks (Hopper has no FP4 MMA), codes dequantized first |
+//! | NVFP4 | `quantize_nvfp4` (`nvfp4.rs`) per copy: codes (kept) or the BF16 decode(code) * s_q; the amax check deferred | BF16 GEMM of decode(code) * s_q, both tensor scales t applied after it |
 //!
 //! The bias goes into the GEMM's epilogue where cuBLASLt fuses an f32 bias,
 //! else into `lin_epilogue`; column sums are `lin_colsum`. A non-finite FP8
@@ -15,8 +16,8 @@ use std::sync::Arc;
 
 use super::lin_kernels::{act_in, act_out, native_types, r16, GemmShape, In, Operand, Out, Post};
 use super::storage::backend_err;
-use super::MxDevice;
 use super::{CudaContext, CudaDevice, CudaError, CudaStorage, DequantLayout, DevBuf, GemmDType};
+use super::{MxDevice, Nvfp4Device};
 use crate::backend::{Along, BackendStorage, Format, LinearBackend, Quantized, Request};
 use crate::cpu::CpuOperand;
 use crate::formats::ElemFormat;
@@ -104,6 +105,15 @@ pub enum CudaOperand<'a> {
         /// The GEMM's reduction axis, the axis the blocks run along.
         along: Along,
     },
+    /// NVFP4 blocks along the reduction axis: the kept codes and/or the
+    /// BF16 GEMM operand, with the tensor scale in the state.
+    Nvfp4 {
+        /// Codes, E4M3 bytes, BF16 operand and state, axis-last, shared by
+        /// the operands of one quantization.
+        q: Arc<Nvfp4Device>,
+        /// The GEMM's reduction axis, the axis the blocks run along.
+        along: Along,
+    },
 }
 
 impl CudaOperand<'_> {
@@ -112,6 +122,7 @@ impl CudaOperand<'_> {
             CudaOperand::Bf16(_) => "BF16",
             CudaOperand::Fp8(_) => "FP8",
             CudaOperand::MxDeq { .. } | CudaOperand::Mx { .. } => "MX",
+            CudaOperand::Nvfp4 { .. } => "NVFP4",
         }
     }
 }
@@ -264,30 +275,39 @@ impl Fp8Matrix {
     }
 }
 
-/// The BF16 operand of MX blocks, dequantizing kept codes into `tmp`.
-fn mx_ready<'b>(
+/// The BF16 operand of MX or NVFP4 blocks, dequantizing kept codes into
+/// `tmp`, and the per-tensor scale to apply after the GEMM (NVFP4's t).
+fn deq_ready<'b>(
     ctx: &CudaContext,
     op: &'b CudaOperand<'_>,
     tmp: &'b mut Option<DevBuf>,
-) -> super::Result<Option<Ready<'b>>> {
-    let (buf, rows, k): (&DevBuf, usize, usize) = match op {
+) -> super::Result<Option<(Ready<'b>, Option<u64>)>> {
+    let (buf, rows, k, scale): (&DevBuf, usize, usize, _) = match op {
         CudaOperand::MxDeq {
             deq,
             rows,
             padded_len,
-        } => (deq, *rows, *padded_len),
+        } => (deq, *rows, *padded_len, None),
         CudaOperand::Mx { q, .. } => {
             let d = ctx.dequantize_mx(q, DequantLayout::Rows, DType::BF16)?;
-            (tmp.insert(d), q.rows, q.padded_len)
+            (tmp.insert(d), q.rows, q.padded_len, None)
+        }
+        CudaOperand::Nvfp4 { q, .. } => {
+            let d = match &q.deq {
+                Some(d) => d,
+                None => tmp.insert(ctx.dequantize_nvfp4(q)?),
+            };
+            (d, q.rows, q.padded_len, Some(q.tensor_scale_ptr()))
         }
         _ => return Ok(None),
     };
-    Ok(Some(Ready {
+    let ready = Ready {
         op: Operand::rows(buf, GemmDType::Bf16, k),
         rows,
         true_rows: rows,
         k,
-    }))
+    };
+    Ok(Some((ready, scale)))
 }
 
 /// Whether the device multiplies MX codes of `cfg` natively, so that the
@@ -343,6 +363,7 @@ fn gemm_on(
         }
     }
     let (mut ta, mut tb) = (None, None);
+    let mut scales = None;
     let (ra, rb) = match (a, b) {
         (CudaOperand::Fp8(fa), CudaOperand::Fp8(fb)) => {
             let ((ra, sa), (rb, sb)) = (fa.ready(), fb.ready());
@@ -354,8 +375,12 @@ fn gemm_on(
         (CudaOperand::Bf16(ma), CudaOperand::Bf16(mb)) => {
             (ma.ready(ctx, &mut ta)?, mb.ready(ctx, &mut tb)?)
         }
-        _ => match (mx_ready(ctx, a, &mut ta)?, mx_ready(ctx, b, &mut tb)?) {
-            (Some(ra), Some(rb)) => (ra, rb),
+        _ => match (deq_ready(ctx, a, &mut ta)?, deq_ready(ctx, b, &mut tb)?) {
+            (Some((ra, None)), Some((rb, None))) => (ra, rb),
+            (Some((ra, Some(sa))), Some((rb, Some(sb)))) => {
+                scales = Some((sa, sb));
+                (ra, rb)
+            }
             _ => {
                 return Err(CudaError::Invalid(format!(
                     "a GEMM of {} and {} operands is not supported",
@@ -366,7 +391,7 @@ fn gemm_on(
         },
     };
     let (g, post) = shape_of(&ra, &rb, bias)?;
-    let y = ctx.lin_gemm(&ra.op, &rb.op, g, post, out)?;
+    let y = ctx.lin_gemm(&ra.op, &rb.op, g, Post { scales, ..post }, out)?;
     Ok((y, ra.true_rows, rb.true_rows))
 }
 
@@ -395,6 +420,7 @@ fn to_cpu(ctx: &CudaContext, op: &CudaOperand<'_>) -> super::Result<CpuOperand> 
                 scales: ctx.download(&q.scales, q.nblocks())?,
             }))
         }
+        CudaOperand::Nvfp4 { q, along } => Ok(CpuOperand::Nvfp4(q.to_tensor(ctx, *along)?)),
     }
 }
 
@@ -402,11 +428,12 @@ impl LinearBackend for CudaStorage {
     type Operand<'a> = CudaOperand<'a>;
 
     fn quantize<'a>(&'a self, req: &Request) -> Result<Quantized<'a, CudaStorage>> {
-        // TODO(lead): NVFP4 and FP8 rowwise / 128-block kernels (SPEC 2b, 3b).
+        // TODO(lead): FP8 rowwise / 128-block kernels (SPEC 3b).
         if let Some(kind) = req
             .now
             .iter()
             .chain(&req.keep)
+            .filter(|w| !matches!(w.format, Format::Nvfp4(_)))
             .find_map(|w| w.format.new_recipe())
         {
             return Err(crate::Error::NotImplemented(format!(
@@ -459,6 +486,14 @@ impl LinearBackend for CudaStorage {
                 rows, padded_len, ..
             } => 2 * rows * padded_len,
             CudaOperand::Mx { q, .. } => q.code_bytes() + q.nblocks(),
+            // Kept: codes, E4M3 bytes and t, as the CPU's `nbytes`.
+            CudaOperand::Nvfp4 { q, .. } => {
+                let kept = q
+                    .codes
+                    .as_ref()
+                    .map_or(0, |_| q.code_bytes() + q.nblocks() + 4);
+                kept + q.deq.as_ref().map_or(0, |_| 2 * q.rows * q.padded_len)
+            }
         }
     }
 
@@ -470,6 +505,8 @@ impl LinearBackend for CudaStorage {
                 rows, padded_len, ..
             } => rows * padded_len,
             CudaOperand::Mx { q, .. } => q.rows * q.len,
+            CudaOperand::Nvfp4 { q, .. } if q.codes.is_some() => q.rows * q.len,
+            CudaOperand::Nvfp4 { q, .. } => q.rows * q.padded_len,
         }
     }
 

@@ -4,18 +4,21 @@
 //! (or the input itself); the FP8 copies of one format come from one
 //! `fp8_cast_2d` (codes and transpose); the MX copies of one element format,
 //! scale mode and tiling from one `mx_tile` pass per pair of rows/columns
-//! settings (Hadamard, stochastic rounding).
+//! settings (Hadamard, stochastic rounding); each NVFP4 copy from its own
+//! `quantize_nvfp4` (its tensor scale depends on the axis under the
+//! Hadamard), shared by identical `now` requests.
 
 use std::sync::Arc;
 
 use super::lin_kernels::{act_in, r16, Out};
 use super::mx_tile::{MxOut, MxWant};
+use super::nvfp4::{Nvfp4Device, Nvfp4Outputs};
 use super::operand::{aligned, mx_codes_native, Bf16Matrix, Buf, CudaOperand, Fp8Matrix};
 use super::quantize::Fp8Outputs;
 use super::{CudaError, CudaStorage};
 use crate::backend::{Along, BackendStorage, Format, Quantized, Request, Want};
 use crate::formats::ElemFormat;
-use crate::quant::MxConfig;
+use crate::quant::{MxConfig, Nvfp4Config};
 use crate::DType;
 
 /// The MX settings one `mx_tile` pass shares between its two directions.
@@ -229,6 +232,55 @@ impl CudaStorage {
         Ok(())
     }
 
+    /// The NVFP4 requests `(slot, config, along)`: one quantization per
+    /// distinct `now` copy, writing the BF16 GEMM operand, and one for the
+    /// kept copy, writing codes. Its amax check is deferred, named as the
+    /// CPU names it (without the block).
+    fn quantize_nvfp4(
+        &self,
+        (rows, cols): (usize, usize),
+        reqs: &[(usize, Nvfp4Config, Along)],
+        label: &dyn Fn() -> String,
+        out: &mut Slots<'_>,
+    ) -> super::Result<()> {
+        let ctx = self.device().context();
+        let mut done: Vec<(Nvfp4Config, Along, Arc<Nvfp4Device>)> = Vec::new();
+        // The kept copy first, as the CPU quantizes it, so that a
+        // non-finite input is reported for the same copy.
+        let (kept, now): (Vec<_>, Vec<_>) = reqs.iter().partition(|r| out.is_keep(r.0));
+        for &(slot, cfg, along) in kept.into_iter().chain(now) {
+            let keep = out.is_keep(slot);
+            let same = |d: &&(Nvfp4Config, Along, _)| !keep && d.0 == cfg && d.1 == along;
+            if let Some((.., q)) = done.iter().find(same) {
+                let q = q.clone();
+                out.put(slot, CudaOperand::Nvfp4 { q, along });
+                continue;
+            }
+            let outputs = Nvfp4Outputs {
+                codes: keep,
+                deq: !keep,
+            };
+            let x = (self.buffer(), self.dtype());
+            let q = Arc::new(ctx.quantize_nvfp4(x, (rows, cols), along, &cfg, outputs)?);
+            let axis = usize::from(along == Along::Cols);
+            let name = format!(
+                "{}: NVFP4 input of shape [{rows}, {cols}] along axis {axis}{}",
+                label(),
+                if cfg.hadamard {
+                    " (after the Hadamard)"
+                } else {
+                    ""
+                }
+            );
+            ctx.defer_finite_check(q.amax_ptr(), name)?;
+            if !keep {
+                done.push((cfg, along, q.clone()));
+            }
+            out.put(slot, CudaOperand::Nvfp4 { q, along });
+        }
+        Ok(())
+    }
+
     /// Serves every entry of `req`.
     pub(super) fn quantize_request<'a>(
         &'a self,
@@ -253,6 +305,7 @@ impl CudaStorage {
         }
         let mut fp8: Vec<(ElemFormat, bool)> = Vec::new();
         let mut mx = Vec::new();
+        let mut nvfp4 = Vec::new();
         for (i, w) in wants.iter().enumerate() {
             match w.format {
                 Format::Tensorwise { elem, pow2 } if !fp8.contains(&(elem, pow2)) => {
@@ -262,6 +315,7 @@ impl CudaStorage {
                     let codes = out.is_keep(i) || mx_codes_native(self.device().context(), &cfg);
                     mx.push((i, cfg, w.along, codes))
                 }
+                Format::Nvfp4(cfg) => nvfp4.push((i, cfg, w.along)),
                 _ => {}
             }
         }
@@ -271,6 +325,9 @@ impl CudaStorage {
         }
         for pass in mx_passes(&mx) {
             self.quantize_mx(dims, pass, &mut out)?;
+        }
+        if !nvfp4.is_empty() {
+            self.quantize_nvfp4(dims, &nvfp4, req.label, &mut out)?;
         }
         let now: Vec<CudaOperand<'a>> = out.now.into_iter().flatten().collect();
         if now.len() != req.now.len() || out.keep.is_some() != req.keep.is_some() {

@@ -41,10 +41,11 @@ const CAST_TILE: u64 = 64;
 const FP8_STATE_BYTES: usize = 48;
 const FP8_SCALE_INV_OFFSET: u64 = 32;
 
-/// `phase` argument of quantize_mx_* (enum Phase in quantize_mx.cu).
+/// `phase` argument of quantize_mx_* (enum Phase in quantize_mx.cu) and
+/// of quantize_nvfp4_* (enum NvPhase, the same values).
 #[derive(Clone, Copy)]
 #[repr(i32)]
-enum Phase {
+pub(super) enum Phase {
     Quantize = 0,
     Amax = 1,
     EncodeFixed = 2,
@@ -203,7 +204,7 @@ pub(crate) fn mode_arg(m: ScaleMode) -> i32 {
 }
 
 /// Bytes per element of a quantizer input: f32 or BF16.
-fn input_size(dtype: DType) -> Result<usize> {
+pub(super) fn input_size(dtype: DType) -> Result<usize> {
     match dtype {
         DType::F32 | DType::BF16 => Ok(dtype.size_in_bytes()),
         other => Err(CudaError::Invalid(format!(
@@ -283,14 +284,14 @@ fn fp8_kernels(elem: ElemFormat, dtype: DType) -> Result<Fp8Kernels> {
 }
 
 /// Kernel names of one FP8 element format and input type (quantize_fp8.cu).
-struct Fp8Kernels {
+pub(super) struct Fp8Kernels {
     cast: &'static str,
     cast_2d: &'static str,
     dequantize: &'static str,
 }
 
 /// A 1-D launch of `threads`-thread CTAs, each covering `per_cta` of `items`.
-fn grid(items: u64, per_cta: u64, threads: u32) -> Result<LaunchConfig> {
+pub(super) fn grid(items: u64, per_cta: u64, threads: u32) -> Result<LaunchConfig> {
     let ctas = items.div_ceil(per_cta);
     if ctas > i32::MAX as u64 {
         return Err(CudaError::Invalid(format!(
@@ -513,7 +514,7 @@ impl CudaContext {
     /// scale_inv in the slots [`Fp8Device`] documents, then the per-CTA
     /// partials of the amax) and the kernels of `elem` for `dtype`. Two
     /// launches, no host sync.
-    fn fp8_amax_scale(
+    pub(super) fn fp8_amax_scale(
         &self,
         (x, dtype, numel): (&DevBuf, DType, usize),
         elem: ElemFormat,

@@ -201,9 +201,54 @@ fn check_nonfinite(dev: &CudaDevice) -> CheckResult {
     }
 }
 
+/// A NaN in x under nvfp4 is refused as the CPU refuses it: the same
+/// message but for the first block's place (`, first in row .. of the axis`),
+/// which the GPU does not look for.
+fn check_nonfinite_nvfp4(dev: &CudaDevice) -> CheckResult {
+    let s = LinearShape {
+        m: 32,
+        k: 40,
+        n: 16,
+    };
+    let lctx = LinearCtx {
+        layer: "blocks.5.mlp",
+        iteration: 9,
+        seed: 1,
+        layer_id: 5,
+    };
+    let mut x = data(32, 40, 12, 1.0);
+    x[45] = f32::NAN;
+    let w = data(16, 40, 13, 0.1);
+    let r = Recipe::new(RecipeKind::Nvfp4);
+    let call = LinearCall {
+        recipe: &r,
+        shape: s,
+        ctx: lctx,
+    };
+    let (xc, wc) = (host(&x, DType::F32), host(&w, DType::F32));
+    let cpu_err = match qlinear::forward(&call, &xc, &wc, None) {
+        Err(e) => e.to_string(),
+        Ok(_) => return Err("CPU accepted a NaN activation".into()),
+    };
+    let (xd, wd) = (upload(dev, &x, DType::F32)?, upload(dev, &w, DType::F32)?);
+    drop(qlinear::forward(&call, &xd, &wd, None).map_err(err)?);
+    // The CPU's text with ", first in row .. of the axis" left out.
+    let tail = " of the axis";
+    let end = cpu_err.find("`: ").unwrap_or(0);
+    let want = match (cpu_err.find(", first in row"), cpu_err[..end].rfind(tail)) {
+        (Some(a), Some(b)) if a < b => format!("{}{}", &cpu_err[..a], &cpu_err[b + tail.len()..]),
+        _ => return Err(format!("unexpected CPU error `{cpu_err}`")),
+    };
+    match dev.context().check_deferred() {
+        Err(CudaError::Runtime(e)) if e.to_string() == want => Ok(format!("error `{e}`")),
+        Err(e) => Err(format!("GPU error `{e}`, want `{want}`")),
+        Ok(_) => Err("GPU accepted a NaN activation".into()),
+    }
+}
+
 /// Every recipe of the table that the GPU backend runs, `mxfp4(sr = true)`
-/// and SPEC section 4a's per-GEMM overrides `mxfp4(fprop = bf16)` and
-/// `mxfp4(dgrad = fp8, wgrad = fp8)`.
+/// and SPEC section 4a's per-GEMM overrides `mxfp4(fprop = bf16)`,
+/// `mxfp4(dgrad = fp8, wgrad = fp8)` and `mxfp4(dgrad = nvfp4)`.
 pub fn recipes() -> Result<Vec<Recipe>, String> {
     let mxfp4 = |opts: &[(&str, &str)]| {
         opts.iter()
@@ -212,14 +257,9 @@ pub fn recipes() -> Result<Vec<Recipe>, String> {
             })
             .map_err(|e| format!("recipe option: {e}"))
     };
-    // TODO(lead): nvfp4, fp8_rowwise and fp8_block once the GPU backend runs
-    // them (its quantize answers NotImplemented for now).
-    let gpu = |k: &RecipeKind| {
-        !matches!(
-            k,
-            RecipeKind::Nvfp4 | RecipeKind::Fp8Rowwise | RecipeKind::Fp8Block
-        )
-    };
+    // TODO(lead): fp8_rowwise and fp8_block once the GPU backend runs them
+    // (its quantize answers NotImplemented for now).
+    let gpu = |k: &RecipeKind| !matches!(k, RecipeKind::Fp8Rowwise | RecipeKind::Fp8Block);
     let mut v: Vec<Recipe> = RecipeKind::ALL
         .iter()
         .filter(|k| gpu(k))
@@ -228,6 +268,7 @@ pub fn recipes() -> Result<Vec<Recipe>, String> {
     v.push(mxfp4(&[("sr", "true")])?);
     v.push(mxfp4(&[("fprop", "bf16")])?);
     v.push(mxfp4(&[("dgrad", "fp8"), ("wgrad", "fp8")])?);
+    v.push(mxfp4(&[("dgrad", "nvfp4")])?);
     Ok(v)
 }
 
@@ -260,4 +301,5 @@ pub fn check_linears(rep: &mut Report) {
         }
     }
     rep.line("fp8 NaN activation", check_nonfinite(&dev));
+    rep.line("nvfp4 NaN activation", check_nonfinite_nvfp4(&dev));
 }

@@ -86,7 +86,7 @@ fn run(dev: &CudaDevice, shapes: &[LinearShape], recipes: &[Recipe]) -> Result<(
 }
 
 /// Every recipe at M = 4096, K = N = 3072, or with `large` issue 7's shapes
-/// at M = 16384 for bf16, fp8, mxfp4 and mxfp8; a failure is one FAIL line.
+/// at M = 16384 for bf16, fp8, mxfp4, mxfp8 and nvfp4; a failure is one FAIL line.
 pub fn bench(rep: &mut Report, large: bool) {
     let shape = |m, k, n| LinearShape { m, k, n };
     let r = CudaDevice::get(0).map_err(err).and_then(|dev| {
@@ -102,6 +102,7 @@ pub fn bench(rep: &mut Report, large: bool) {
                 RecipeKind::Fp8,
                 RecipeKind::Mxfp4,
                 RecipeKind::Mxfp8,
+                RecipeKind::Nvfp4,
             ];
             run(&dev, &shapes, &kinds.map(Recipe::new))
         } else {

@@ -5,8 +5,8 @@
 //! gpu_check bench [BENCH...]     the benchmarks (all but linear-large when none)
 //! ```
 //!
-//! Suites: `quantize` (MX and FP8 quantizers bit-exact with the CPU, their
-//! speed), `gemm` (cuBLASLt GEMMs against f64), `ops` (every tensor op,
+//! Suites: `quantize` (MX, NVFP4 and FP8 quantizers bit-exact with the CPU,
+//! their speed), `gemm` (cuBLASLt GEMMs against f64), `ops` (every tensor op,
 //! forward and backward), `linear` (the recipe linears with byte-identical
 //! saved operands, per-GEMM overrides included), `adamw` (AdamW bit-identical,
 //! clipping), `attention` (fused attention forward and backward against the
@@ -33,6 +33,7 @@ mod linear;
 mod linear_bench;
 mod linear_ref;
 mod mx;
+mod nvfp4;
 mod op_backend;
 mod op_bench;
 mod op_cases;
@@ -54,6 +55,8 @@ const SUITES: [Part; 7] = [
     ("quantize", |ctx, rep| {
         mx::check_mx_random(ctx, rep);
         mx::check_mx_golden(ctx, rep);
+        nvfp4::check_nvfp4_random(ctx, rep);
+        nvfp4::check_nvfp4_golden(ctx, rep);
         fp8::check_fp8(ctx, rep);
         fp8_2d::check_fp8_2d(ctx, rep);
         quant_speed::time_quantizers(ctx, rep);
