@@ -118,6 +118,9 @@ fn flux_small_nvfp4_config_is_flux_small_with_the_new_schedule() {
         RunConfig::load(CONFIG).unwrap(),
     );
     assert_eq!((&c.model, &c.data), (&small.model, &small.data));
-    assert_eq!((c.train.lr, &c.train.activations), (small.train.lr, &small.train.activations));
+    assert_eq!(
+        (c.train.lr, &c.train.activations),
+        (small.train.lr, &small.train.activations)
+    );
     assert_eq!((c.train.iters, &c.schedule), (ITERS, &tiny.schedule));
 }
