@@ -78,10 +78,11 @@ pub const QUANTIZE_MX: KernelSource = kernel_source!("quantize_mx.cu");
 pub const QUANTIZE_FP8: KernelSource = kernel_source!("quantize_fp8.cu");
 
 /// Every kernel source of the backend, for compile checks.
-pub fn all_sources() -> [KernelSource; 7] {
+pub fn all_sources() -> [KernelSource; 8] {
     [
         QUANTIZE_MX,
         QUANTIZE_FP8,
+        super::fp8_group::QUANTIZE_FP8_GROUP,
         super::lin_kernels::LINEAR_OPS,
         super::storage::OPS,
         super::adamw::ADAMW,

@@ -203,7 +203,7 @@ pub(crate) fn mode_arg(m: ScaleMode) -> i32 {
 }
 
 /// Bytes per element of a quantizer input: f32 or BF16.
-fn input_size(dtype: DType) -> Result<usize> {
+pub(super) fn input_size(dtype: DType) -> Result<usize> {
     match dtype {
         DType::F32 | DType::BF16 => Ok(dtype.size_in_bytes()),
         other => Err(CudaError::Invalid(format!(
@@ -290,7 +290,7 @@ struct Fp8Kernels {
 }
 
 /// A 1-D launch of `threads`-thread CTAs, each covering `per_cta` of `items`.
-fn grid(items: u64, per_cta: u64, threads: u32) -> Result<LaunchConfig> {
+pub(super) fn grid(items: u64, per_cta: u64, threads: u32) -> Result<LaunchConfig> {
     let ctas = items.div_ceil(per_cta);
     if ctas > i32::MAX as u64 {
         return Err(CudaError::Invalid(format!(
