@@ -202,8 +202,8 @@ fn check_nonfinite(dev: &CudaDevice) -> CheckResult {
 }
 
 /// Every recipe of the table that the GPU backend runs, `mxfp4(sr = true)`
-/// and SPEC section 4a's per-GEMM overrides `mxfp4(fprop = bf16)` and
-/// `mxfp4(dgrad = fp8, wgrad = fp8)`.
+/// and SPEC section 4a's per-GEMM overrides `mxfp4(fprop = bf16)`,
+/// `mxfp4(dgrad = fp8, wgrad = fp8)` and `mxfp4(dgrad = fp8_block)`.
 pub fn recipes() -> Result<Vec<Recipe>, String> {
     let mxfp4 = |opts: &[(&str, &str)]| {
         opts.iter()
@@ -212,14 +212,9 @@ pub fn recipes() -> Result<Vec<Recipe>, String> {
             })
             .map_err(|e| format!("recipe option: {e}"))
     };
-    // TODO(lead): nvfp4, fp8_rowwise and fp8_block once the GPU backend runs
-    // them (its quantize answers NotImplemented for now).
-    let gpu = |k: &RecipeKind| {
-        !matches!(
-            k,
-            RecipeKind::Nvfp4 | RecipeKind::Fp8Rowwise | RecipeKind::Fp8Block
-        )
-    };
+    // TODO(lead): nvfp4 once the GPU backend runs it (its quantize answers
+    // NotImplemented for now).
+    let gpu = |k: &RecipeKind| !matches!(k, RecipeKind::Nvfp4);
     let mut v: Vec<Recipe> = RecipeKind::ALL
         .iter()
         .filter(|k| gpu(k))
@@ -228,6 +223,7 @@ pub fn recipes() -> Result<Vec<Recipe>, String> {
     v.push(mxfp4(&[("sr", "true")])?);
     v.push(mxfp4(&[("fprop", "bf16")])?);
     v.push(mxfp4(&[("dgrad", "fp8"), ("wgrad", "fp8")])?);
+    v.push(mxfp4(&[("dgrad", "fp8_block")])?);
     Ok(v)
 }
 
