@@ -99,9 +99,9 @@ pub fn gemm_path(arch: Arch, a: &Format, b: &Format) -> GemmPath {
                 _ => GemmPath::DequantBf16,
             }
         }
-        // E4M3FN codes: OCP FP8, so gfx950 only. hipBLASLt's headers list
-        // VEC128_32F and BLK128x128_32F, but its documentation marks them
-        // not supported yet: 128-blocks decode.
+        // E4M3FN codes: OCP FP8, so gfx950 only. hipBLASLt's header
+        // declares VEC128_32F and BLK128x128_32F but comments both "Not
+        // supported yet": 128-blocks decode.
         (Format::Fp8Group(ca), Format::Fp8Group(cb))
             if ca.grouping == Grouping::Rowwise && cb.grouping == Grouping::Rowwise =>
         {
