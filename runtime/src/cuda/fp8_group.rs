@@ -344,15 +344,23 @@ pub fn cuda_types(a: &Fp8GroupConfig, b: &Fp8GroupConfig) -> Option<(GemmDType, 
     }
 }
 
-/// The type `q` is read as, and its scale pointer. Tiles go as 1 x 128
-/// vectors (their scale repeated per row, the same product) unless the
-/// tile row holds a multiple of 4 tiles: then the probe's layout is the
-/// only one the scale tensor can have, whatever cuBLASLt rounds its leading
-/// dimension to.
+/// The type an operand asked to go as `t` is read as, given whether it
+/// has tile scales and its groups per row. Tiles go as 1 x 128 vectors
+/// (their scale repeated per row, the same product) unless the tile row
+/// holds a multiple of 4 tiles: with 3 the H200's `BLK128x128_32F` GEMM
+/// did not match its reference (cuBLASLt pads that leading dimension).
+fn read_as(t: GemmDType, tiles: bool, gpr: usize) -> GemmDType {
+    match t {
+        GemmDType::Fp8E4M3Blk128 if !(tiles && gpr % 4 == 0) => GemmDType::Fp8E4M3Vec128,
+        _ => t,
+    }
+}
+
+/// [`read_as`] for `q`, with the scale pointer of that type.
 fn scaled(q: &Fp8GroupDevice, t: GemmDType) -> (GemmDType, u64) {
+    let t = read_as(t, q.blk.is_some(), q.groups_per_row());
     match (&q.blk, t) {
-        (Some(blk), GemmDType::Fp8E4M3Blk128) if q.groups_per_row() % 4 == 0 => (t, blk.ptr()),
-        (_, GemmDType::Fp8E4M3Blk128) => (GemmDType::Fp8E4M3Vec128, q.vec.ptr()),
+        (Some(blk), GemmDType::Fp8E4M3Blk128) => (t, blk.ptr()),
         _ => (t, q.vec.ptr()),
     }
 }
@@ -463,5 +471,15 @@ mod tests {
             Some((Fp8E4M3Vec128, Fp8E4M3Blk128))
         );
         assert_eq!(cuda_types(&row, &blk), None);
+    }
+
+    #[test]
+    fn tiles_go_as_vectors_unless_a_tile_row_holds_a_multiple_of_4() {
+        use GemmDType::*;
+        assert_eq!(read_as(Fp8E4M3Blk128, true, 24), Fp8E4M3Blk128);
+        assert_eq!(read_as(Fp8E4M3Blk128, true, 3), Fp8E4M3Vec128);
+        assert_eq!(read_as(Fp8E4M3Blk128, false, 8), Fp8E4M3Vec128);
+        assert_eq!(read_as(Fp8E4M3Vec128, true, 3), Fp8E4M3Vec128);
+        assert_eq!(read_as(Fp8E4M3Rowwise, false, 1), Fp8E4M3Rowwise);
     }
 }
