@@ -2,9 +2,10 @@
 //! against the CPU backend.
 //!
 //! For several shapes (including M, K, N that are not multiples of 16 or 32
-//! and a Flux-like 512 x 768 -> 3072), every recipe, `mxfp4(sr = true)` and
-//! the per-GEMM overrides `mxfp4(fprop = bf16)` and `mxfp4(dgrad = fp8,
-//! wgrad = fp8)`, and both activation dtypes (f32, BF16), on seeded random
+//! and a Flux-like 512 x 768 -> 3072), every recipe the GPU runs (all but
+//! `nvfp4`), `mxfp4(sr = true)` and the per-GEMM overrides `mxfp4(fprop =
+//! bf16)`, `mxfp4(dgrad = fp8, wgrad = fp8)` and `mxfp4(dgrad = fp8_block)`,
+//! and both activation dtypes (f32, BF16), on seeded random
 //! x, W, b, dy:
 //!
 //! - the saved tensors must equal the CPU's byte for byte (codes, scale
