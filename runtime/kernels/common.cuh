@@ -345,6 +345,19 @@ __device__ __forceinline__ u32 encode_rne_finite(float x) {
 }
 
 // ---------------------------------------------------------------------------
+// FP8 scales (quant/fp8.rs, amax_to_scale): fmt_max / max(amax, 1e-12) as
+// the f64 quotient rounded once to f32; with pow2 rounded down to a power of
+// two; NaN for a NaN amax. Shared by the tensorwise and the group quantizers.
+__device__ __forceinline__ float fp8_amax_to_scale(u32 amax_bits, float fmt_max, int pow2) {
+    if (is_nan_bits(amax_bits)) return u2f(F32_QNAN_BITS);
+    double a = (double)u2f(amax_bits);
+    a = a > 1e-12 ? a : 1e-12;
+    float s = (float)((double)fmt_max / a);
+    if (pow2 && (f2u(s) & 0x7F800000u) != 0x7F800000u) s = u2f(f2u(s) & 0xFF800000u);
+    return s;
+}
+
+// ---------------------------------------------------------------------------
 // Packing codes into 32-bit words: code j of a word at bit j * W, W = 4 or 8
 // bits (E2M1 codes pack two per byte, element 2i in the low nibble).
 

@@ -98,15 +98,7 @@ extern "C" __global__ void __launch_bounds__(AMAX_THREADS)
     }
     m = cta_max(m);
     if (threadIdx.x != 0) return;
-    float s;
-    if (is_nan_bits(m)) {
-        s = u2f(F32_QNAN_BITS);
-    } else {
-        double a = (double)u2f(m);
-        a = a > 1e-12 ? a : 1e-12;
-        s = (float)((double)fmt_max / a);
-        if (pow2 && (f2u(s) & 0x7F800000u) != 0x7F800000u) s = u2f(f2u(s) & 0xFF800000u);
-    }
+    const float s = fp8_amax_to_scale(m, fmt_max, pow2);
     state[FP8_AMAX] = m;
     state[FP8_SCALE] = f2u(s);
     state[FP8_SCALE_INV] = f2u(1.0f / s);

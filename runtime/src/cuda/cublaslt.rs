@@ -43,6 +43,18 @@ fn cuda_type(t: GemmDType) -> Option<sys::cudaDataType> {
         GemmDType::Bf16 => Some(sys::cudaDataType::CUDA_R_16BF),
         GemmDType::Fp8E4M3 => Some(sys::cudaDataType::CUDA_R_8F_E4M3),
         GemmDType::Fp8E5M2 => Some(sys::cudaDataType::CUDA_R_8F_E5M2),
+        t if t.is_fp8_group() => Some(sys::cudaDataType::CUDA_R_8F_E4M3),
+        _ => None,
+    }
+}
+
+/// cuBLASLt's scale mode of an FP8 group operand (SPEC 3b).
+fn group_scale_mode(t: GemmDType) -> Option<sys::cublasLtMatmulMatrixScale_t> {
+    use sys::cublasLtMatmulMatrixScale_t as S;
+    match t {
+        GemmDType::Fp8E4M3Rowwise => Some(S::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F),
+        GemmDType::Fp8E4M3Vec128 => Some(S::CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F),
+        GemmDType::Fp8E4M3Blk128 => Some(S::CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F),
         _ => None,
     }
 }
@@ -87,7 +99,7 @@ impl BlasLib for CuBlasLt {
 
     fn set_pointers(&self, plan: &Plan, key: &PlanKey, ptrs: &Pointers) -> Result<()> {
         use sys::cublasLtMatmulDescAttributes_t as D;
-        if key.dtypes[0].is_fp8() {
+        if key.dtypes[0].is_scaled() {
             set_desc(
                 plan.desc,
                 D::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
@@ -126,6 +138,20 @@ impl BlasLib for CuBlasLt {
             D::CUBLASLT_MATMUL_DESC_TRANSB,
             &i32::from(shape.trans_b),
         )?;
+        if let Some(b_mode) = group_scale_mode(key.dtypes[0]) {
+            // The library's A is our b: its mode is b's.
+            let a_mode = group_scale_mode(key.dtypes[1]).expect("validated pairing");
+            set_desc(
+                plan.desc,
+                D::CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                &(a_mode as u32),
+            )?;
+            set_desc(
+                plan.desc,
+                D::CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                &(b_mode as u32),
+            )?;
+        }
         if let Some(bias) = shape.bias {
             let epilogue = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS as u32;
             set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue)?;

@@ -77,6 +77,17 @@ pub enum GemmDType {
     MxE4M3,
     /// MX E5M2 codes, 1 byte, with E8M0 block scales (gfx950 only).
     MxE5M2,
+    /// E4M3FN codes with one f32 scale_inv per row (`OUTER_VEC_32F`,
+    /// SPEC 3b rowwise); paired with itself.
+    Fp8E4M3Rowwise,
+    /// E4M3FN codes with one f32 scale_inv per 1 x 128 block along K
+    /// (`VEC128_32F`), stored block column by block column:
+    /// `[K / 128, rows]`.
+    Fp8E4M3Vec128,
+    /// E4M3FN codes with one f32 scale_inv per 128 x 128 tile
+    /// (`BLK128x128_32F`), stored tile row by tile row:
+    /// `[ceil(rows / 128), K / 128]`; paired with [`GemmDType::Fp8E4M3Vec128`].
+    Fp8E4M3Blk128,
 }
 
 impl GemmDType {
@@ -116,9 +127,18 @@ impl GemmDType {
         )
     }
 
-    /// Whether the operand needs a scale pointer (FP8 or MX).
+    /// Whether the type is E4M3 codes with a vector of f32 scales (rows or
+    /// 128-blocks, SPEC 3b) rather than one per tensor.
+    pub fn is_fp8_group(self) -> bool {
+        matches!(
+            self,
+            GemmDType::Fp8E4M3Rowwise | GemmDType::Fp8E4M3Vec128 | GemmDType::Fp8E4M3Blk128
+        )
+    }
+
+    /// Whether the operand needs a scale pointer (FP8, MX or FP8 groups).
     pub fn is_scaled(self) -> bool {
-        self.is_fp8() || self.is_mx()
+        self.is_fp8() || self.is_mx() || self.is_fp8_group()
     }
 
     pub(crate) fn name(self) -> &'static str {
@@ -132,6 +152,9 @@ impl GemmDType {
             GemmDType::MxE2M1 => "mx-e2m1",
             GemmDType::MxE4M3 => "mx-e4m3",
             GemmDType::MxE5M2 => "mx-e5m2",
+            GemmDType::Fp8E4M3Rowwise => "e4m3-rowwise",
+            GemmDType::Fp8E4M3Vec128 => "e4m3-1x128",
+            GemmDType::Fp8E4M3Blk128 => "e4m3-128x128",
         }
     }
 }
@@ -500,6 +523,7 @@ fn validate(
     if a.dtype.is_mx() && k % 32 != 0 {
         return Err("MX GEMMs need K to be a multiple of 32 (the block size)".into());
     }
+    fp8_group_pair(a.dtype, b.dtype, k)?;
     if !fp8 && a.dtype != b.dtype {
         return Err("non-FP8 operands must both be bf16 or both f32".into());
     }
@@ -601,6 +625,25 @@ fn validate(
     Ok(())
 }
 
+/// The pairings of FP8 group scales the libraries take: rowwise with
+/// rowwise, and 128-blocks with 128-blocks or one side's 128 x 128 tiles
+/// (cuBLASLt has no tile x tile GEMM), with K a multiple of 128.
+fn fp8_group_pair(a: GemmDType, b: GemmDType, k: usize) -> std::result::Result<(), String> {
+    use GemmDType::{Fp8E4M3Blk128 as Blk, Fp8E4M3Rowwise as Row, Fp8E4M3Vec128 as Vec};
+    match (a, b) {
+        _ if !a.is_fp8_group() && !b.is_fp8_group() => Ok(()),
+        (Row, Row) => Ok(()),
+        (Vec | Blk, Vec | Blk) if (a, b) == (Blk, Blk) => {
+            Err("FP8 128x128 tiles pair with 1x128 blocks, not with tiles".into())
+        }
+        (Vec | Blk, Vec | Blk) if k % 128 != 0 => {
+            Err("FP8 128-block GEMMs need K to be a multiple of 128".into())
+        }
+        (Vec | Blk, Vec | Blk) => Ok(()),
+        _ => Err("FP8 rowwise operands pair with rowwise, 128-blocks with 128-blocks".into()),
+    }
+}
+
 /// The plan key of a validated call. A batch that reuses one b over packed
 /// a and y matrices (`x[B, M, K] · w^T`) becomes one GEMM of B·M rows, and a
 /// single product forgets its batch strides, so equal work shares a plan.
@@ -690,6 +733,21 @@ mod tests {
         assert!(!t.trans_a && t.trans_b);
         let dims = t.layouts.map(|l| (l.rows, l.cols, l.ld));
         assert_eq!(dims, [(48, 64, 48), (32, 64, 32), (48, 32, 48)]);
+    }
+
+    #[test]
+    fn fp8_group_pairs_follow_the_scale_modes() {
+        use GemmDType::*;
+        assert!(fp8_group_pair(Fp8E4M3Rowwise, Fp8E4M3Rowwise, 16).is_ok());
+        assert!(fp8_group_pair(Fp8E4M3Vec128, Fp8E4M3Blk128, 256).is_ok());
+        assert!(fp8_group_pair(Fp8E4M3Blk128, Fp8E4M3Vec128, 128).is_ok());
+        assert!(fp8_group_pair(Fp8E4M3Vec128, Fp8E4M3Vec128, 128).is_ok());
+        assert!(fp8_group_pair(Fp8E4M3Blk128, Fp8E4M3Blk128, 128).is_err());
+        assert!(fp8_group_pair(Fp8E4M3Vec128, Fp8E4M3Vec128, 144).is_err());
+        assert!(fp8_group_pair(Fp8E4M3Rowwise, Fp8E4M3Vec128, 128).is_err());
+        assert!(fp8_group_pair(Fp8E4M3Rowwise, Fp8E4M3, 128).is_err());
+        assert!(fp8_group_pair(Fp8E4M3, Fp8E4M3, 16).is_ok());
+        assert!(Fp8E4M3Blk128.is_scaled() && !Fp8E4M3Blk128.is_fp8());
     }
 
     #[test]

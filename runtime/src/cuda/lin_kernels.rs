@@ -112,6 +112,7 @@ pub(super) fn native_types(
             {
                 Some((fp8_dtype(*fa), fp8_dtype(*fb)))
             }
+            (Format::Fp8Group(ca), Format::Fp8Group(cb)) => super::fp8_group::cuda_types(ca, cb),
             _ => None,
         },
         #[cfg(feature = "rocm")]
@@ -333,7 +334,9 @@ impl CudaContext {
             }),
         };
         let (rows, cols) = post.crop.unwrap_or((m, n));
-        if post.scales.is_none() && (rows, cols) == (m, n) {
+        // f32 operands write f32: a BF16 result goes through the epilogue.
+        let direct = a.op.dtype != GemmDType::F32 || out == Out::F32;
+        if direct && post.scales.is_none() && (rows, cols) == (m, n) {
             if post.bias.is_none() || fuses_f32_bias(a.op.dtype, gemm_out(out)) {
                 let y = self.alloc(m * n * out.size())?;
                 self.gemm(&a.op, &b.op, &spec(post.bias), &y, gemm_out(out))?;

@@ -38,6 +38,7 @@ pub mod context;
 mod cublaslt;
 mod cuda_driver;
 pub(crate) mod driver;
+pub mod fp8_group;
 pub mod gemm;
 pub mod lin_kernels;
 pub mod mx_tile;
@@ -51,6 +52,7 @@ pub mod storage;
 
 pub use alloc::{DevBuf, PoolStats};
 pub use context::{CudaContext, DeviceInfo, GpuFunction, GpuTimer};
+pub use fp8_group::{fp8_group_fallbacks, Fp8GroupDevice};
 pub use gemm::{GemmDType, GemmOperand};
 pub use lin_kernels::bias_fallbacks;
 pub use nvfp4::{Nvfp4Device, Nvfp4Outputs};

@@ -82,6 +82,7 @@ pub fn all_sources() -> [KernelSource; 8] {
     [
         QUANTIZE_MX,
         QUANTIZE_FP8,
+        super::fp8_group::QUANTIZE_FP8_GROUP,
         super::lin_kernels::LINEAR_OPS,
         super::storage::OPS,
         super::adamw::ADAMW,

@@ -4,6 +4,7 @@
 //! |---|---|---|
 //! | BF16 | a zero-padded BF16 copy, or the input read in place when it is BF16 with both sides multiples of 16; a kept copy is unpadded | cuBLASLt BF16 (an operand whose reduction axis is its first is read transposed, in place), cropped |
 //! | tensorwise FP8 | `fp8_cast_2d`: the codes and/or their transpose from one read, padded to 16; the amax check deferred | cuBLASLt FP8 with per-tensor scale pointers; the FNUZ formats, which NVIDIA lacks, decoded exactly to BF16, a BF16 GEMM and both scales after it |
+//! | FP8 rowwise / 128-block | `fp8_group`: E4M3 codes K-contiguous, padded to 16 (rows) and 16 or 128 (K), scales in the CPU's and the GEMM's layouts; the amax check deferred | cuBLASLt FP8 with `OUTER_VEC_32F` or `VEC128_32F` / `BLK128x128_32F` scales (hipBLASLt: rowwise on gfx950); else the dequantized f32 values in an f32 GEMM |
 //! | MX | `mx_tile`: one pass along rows and columns, writing codes (kept, or where the device multiplies them: gfx950) or the dequantized BF16 operand | the block-scaled GEMM of the codes where the device has one (gfx950, hipBLASLt `VEC32_UE8M0`); else BF16 GEMM of the dequantized blocks (Hopper has no FP4 MMA), codes dequantized first |
 //! | NVFP4 | `quantize_nvfp4` (`nvfp4.rs`) per copy: codes (kept) or the BF16 decode(code) * s_q; the amax check deferred | BF16 GEMM of decode(code) * s_q, both tensor scales t applied after it |
 //!
@@ -114,6 +115,13 @@ pub enum CudaOperand<'a> {
         /// The GEMM's reduction axis, the axis the blocks run along.
         along: Along,
     },
+    /// E4M3 codes with rowwise or 128-block scales along the reduction axis.
+    Fp8Group {
+        /// Codes and scales, axis-last.
+        q: Arc<super::Fp8GroupDevice>,
+        /// The GEMM's reduction axis, the axis the groups run along.
+        along: Along,
+    },
 }
 
 impl CudaOperand<'_> {
@@ -123,6 +131,7 @@ impl CudaOperand<'_> {
             CudaOperand::Fp8(_) => "FP8",
             CudaOperand::MxDeq { .. } | CudaOperand::Mx { .. } => "MX",
             CudaOperand::Nvfp4 { .. } => "NVFP4",
+            CudaOperand::Fp8Group { .. } => "FP8 group",
         }
     }
 }
@@ -357,6 +366,9 @@ fn gemm_on(
     (a, b): (&CudaOperand<'_>, &CudaOperand<'_>),
     (bias, out): (Option<&DevBuf>, Out),
 ) -> super::Result<(DevBuf, usize, usize)> {
+    if let (CudaOperand::Fp8Group { q: qa, .. }, CudaOperand::Fp8Group { q: qb, .. }) = (a, b) {
+        return super::fp8_group::fp8_group_gemm(ctx, (qa, qb), (bias, out));
+    }
     if let (CudaOperand::Mx { q: qa, .. }, CudaOperand::Mx { q: qb, .. }) = (a, b) {
         if let Some(y) = mx_native(ctx, (qa, qb), (bias, out))? {
             return Ok(y);
@@ -395,6 +407,15 @@ fn gemm_on(
     Ok((y, ra.true_rows, rb.true_rows))
 }
 
+/// The shape and axis of the input an axis-last operand of `rows` rows of
+/// `len` was quantized from: along the first axis the input was `[len, rows]`.
+fn input_shape(along: Along, rows: usize, len: usize) -> (Vec<usize>, usize) {
+    match along {
+        Along::Rows => (vec![len, rows], 0),
+        Along::Cols => (vec![rows, len], 1),
+    }
+}
+
 /// The operand downloaded in the CPU's form (codes in `[rows, cols]` order).
 fn to_cpu(ctx: &CudaContext, op: &CudaOperand<'_>) -> super::Result<CpuOperand> {
     match op {
@@ -403,12 +424,12 @@ fn to_cpu(ctx: &CudaContext, op: &CudaOperand<'_>) -> super::Result<CpuOperand> 
         CudaOperand::MxDeq { .. } => Err(CudaError::Invalid(
             "a dequantized MX operand is not kept; download its codes".into(),
         )),
+        CudaOperand::Fp8Group { q, along } => {
+            let (shape, axis) = input_shape(*along, q.rows, q.len);
+            Ok(CpuOperand::Fp8Group(q.to_cpu(ctx, shape, axis)?))
+        }
         CudaOperand::Mx { q, along } => {
-            // Quantized along the first axis: the input was [len, rows].
-            let (shape, axis) = match along {
-                Along::Rows => (vec![q.len, q.rows], 0),
-                Along::Cols => (vec![q.rows, q.len], 1),
-            };
+            let (shape, axis) = input_shape(*along, q.rows, q.len);
             Ok(CpuOperand::Mx(MxTensor {
                 shape,
                 axis,
@@ -428,19 +449,6 @@ impl LinearBackend for CudaStorage {
     type Operand<'a> = CudaOperand<'a>;
 
     fn quantize<'a>(&'a self, req: &Request) -> Result<Quantized<'a, CudaStorage>> {
-        // TODO(lead): FP8 rowwise / 128-block kernels (SPEC 3b).
-        if let Some(kind) = req
-            .now
-            .iter()
-            .chain(&req.keep)
-            .filter(|w| !matches!(w.format, Format::Nvfp4(_)))
-            .find_map(|w| w.format.new_recipe())
-        {
-            return Err(crate::Error::NotImplemented(format!(
-                "recipe `{kind}` on the GPU: the CUDA backend does not run it yet (it runs on \
-                 --device cpu)"
-            )));
-        }
         self.quantize_request(req).map_err(backend_err)
     }
 
@@ -494,6 +502,7 @@ impl LinearBackend for CudaStorage {
                     .map_or(0, |_| q.code_bytes() + q.nblocks() + 4);
                 kept + q.deq.as_ref().map_or(0, |_| 2 * q.rows * q.padded_len)
             }
+            CudaOperand::Fp8Group { q, .. } => q.nbytes(),
         }
     }
 
@@ -507,6 +516,7 @@ impl LinearBackend for CudaStorage {
             CudaOperand::Mx { q, .. } => q.rows * q.len,
             CudaOperand::Nvfp4 { q, .. } if q.codes.is_some() => q.rows * q.len,
             CudaOperand::Nvfp4 { q, .. } => q.rows * q.padded_len,
+            CudaOperand::Fp8Group { q, .. } => q.rows * q.len,
         }
     }
 

@@ -18,7 +18,7 @@ use super::quantize::Fp8Outputs;
 use super::{CudaError, CudaStorage};
 use crate::backend::{Along, BackendStorage, Format, Quantized, Request, Want};
 use crate::formats::ElemFormat;
-use crate::quant::{MxConfig, Nvfp4Config};
+use crate::quant::{Fp8GroupConfig, MxConfig, Nvfp4Config};
 use crate::DType;
 
 /// The MX settings one `mx_tile` pass shares between its two directions.
@@ -184,6 +184,31 @@ impl CudaStorage {
         Ok(())
     }
 
+    /// The FP8 rowwise / 128-block requests of one configuration: one
+    /// quantization per direction asked, shared by its operands; the amax
+    /// check deferred.
+    fn quantize_fp8_group(
+        &self,
+        ((rows, cols), wants): Group,
+        cfg: &Fp8GroupConfig,
+        label: &dyn Fn() -> String,
+        out: &mut Slots<'_>,
+    ) -> super::Result<()> {
+        let ctx = self.device().context();
+        let dirs = [Along::Cols, Along::Rows].map(|a| wants.iter().any(|w| w.1 == a));
+        let qs = ctx.quantize_fp8_group_2d(self.buffer(), self.dtype(), (rows, cols), cfg, dirs)?;
+        let qs = qs.map(|q| q.map(Arc::new));
+        if let Some(q) = qs.iter().flatten().next() {
+            ctx.defer_finite_check(q.amax_ptr(), label())?;
+        }
+        for &(slot, along) in wants {
+            let q = qs[(along == Along::Rows) as usize].clone();
+            let q = q.ok_or_else(|| CudaError::Invalid("FP8 group codes not written".into()))?;
+            out.put(slot, CudaOperand::Fp8Group { q, along });
+        }
+        Ok(())
+    }
+
     /// One `mx_tile` pass.
     fn quantize_mx(
         &self,
@@ -322,6 +347,17 @@ impl CudaStorage {
         for (elem, pow2) in fp8 {
             let group = of(&|f| *f == Format::Tensorwise { elem, pow2 });
             self.quantize_fp8((dims, &group), (elem, pow2), req.label, &mut out)?;
+        }
+        let mut fp8g: Vec<Fp8GroupConfig> = Vec::new();
+        for w in &wants {
+            match w.format {
+                Format::Fp8Group(cfg) if !fp8g.contains(&cfg) => fp8g.push(cfg),
+                _ => {}
+            }
+        }
+        for cfg in fp8g {
+            let group = of(&|f| *f == Format::Fp8Group(cfg));
+            self.quantize_fp8_group((dims, &group), &cfg, req.label, &mut out)?;
         }
         for pass in mx_passes(&mx) {
             self.quantize_mx(dims, pass, &mut out)?;

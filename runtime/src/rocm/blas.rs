@@ -186,13 +186,21 @@ pub(crate) fn native_types(
             (*ea, *eb, false)
         }
         (Format::Mx(ca), Format::Mx(cb)) => (ca.elem, cb.elem, true),
+        (Format::Fp8Group(_), Format::Fp8Group(_)) => {
+            return match gemm_path(Arch::from_gcn_name(gcn_arch_name), a, b) {
+                GemmPath::Fp8Rowwise(..) => {
+                    Some((GemmDType::Fp8E4M3Rowwise, GemmDType::Fp8E4M3Rowwise))
+                }
+                _ => None,
+            };
+        }
         _ => return None,
     };
     match gemm_path(Arch::from_gcn_name(gcn_arch_name), a, b) {
         GemmPath::Fp8Tensorwise(..) | GemmPath::MxBlockScaled(..) => {
             Some((gemm_dtype(ea, mx)?, gemm_dtype(eb, mx)?))
         }
-        GemmPath::Bf16 | GemmPath::DequantBf16 => None,
+        GemmPath::Bf16 | GemmPath::DequantBf16 | GemmPath::Fp8Rowwise(..) => None,
     }
 }
 
@@ -204,7 +212,7 @@ pub(crate) fn hip_type(arch: Arch, t: GemmDType) -> Option<i32> {
         (_, G::Bf16) => Some(data_type::R_16BF),
         (Arch::Gfx942, G::Fp8E4M3Fnuz) => Some(data_type::R_8F_E4M3_FNUZ),
         (Arch::Gfx942, G::Fp8E5M2Fnuz) => Some(data_type::R_8F_E5M2_FNUZ),
-        (Arch::Gfx950, G::Fp8E4M3 | G::MxE4M3) => Some(data_type::R_8F_E4M3),
+        (Arch::Gfx950, G::Fp8E4M3 | G::MxE4M3 | G::Fp8E4M3Rowwise) => Some(data_type::R_8F_E4M3),
         (Arch::Gfx950, G::Fp8E5M2 | G::MxE5M2) => Some(data_type::R_8F_E5M2),
         (Arch::Gfx950, G::MxE2M1) => Some(data_type::R_4F_E2M1_EXT),
         _ => None,
@@ -264,8 +272,12 @@ impl BlasLib for HipBlasLtLib {
                 )?;
                 self.set_desc(desc, matmul_desc::BIAS_DATA_TYPE, &t)?;
             }
-            if key.dtypes[0].is_mx() {
-                let mode = scale_mode::VEC32_UE8M0;
+            let mode = match key.dtypes[0] {
+                t if t.is_mx() => Some(scale_mode::VEC32_UE8M0),
+                GemmDType::Fp8E4M3Rowwise => Some(scale_mode::OUTER_VEC_32F),
+                _ => None,
+            };
+            if let Some(mode) = mode {
                 self.set_desc(desc, matmul_desc::A_SCALE_MODE, &mode)?;
                 self.set_desc(desc, matmul_desc::B_SCALE_MODE, &mode)?;
             }
@@ -368,6 +380,13 @@ mod tests {
             }
         }
         assert!(count >= 12, "only {count} native pairs");
+        let row = Format::Fp8Group(crate::quant::Fp8GroupConfig::rowwise());
+        let rowwise = GemmDType::Fp8E4M3Rowwise;
+        assert_eq!(native_types("gfx950", &row, &row), Some((rowwise, rowwise)));
+        assert_eq!(hip_type(Arch::Gfx950, rowwise), Some(data_type::R_8F_E4M3));
+        assert_eq!(native_types("gfx942", &row, &row), None);
+        let blk = Format::Fp8Group(crate::quant::Fp8GroupConfig::block128());
+        assert_eq!(native_types("gfx950", &blk, &blk), None);
         assert_eq!(hip_type(Arch::Gfx942, GemmDType::Fp8E4M3), None);
         assert_eq!(hip_type(Arch::Gfx942, GemmDType::MxE2M1), None);
         assert_eq!(hip_type(Arch::Other, GemmDType::Fp8E4M3Fnuz), None);

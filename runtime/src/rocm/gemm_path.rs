@@ -8,6 +8,7 @@
 use super::consts::data_type;
 use crate::backend::Format;
 use crate::formats::ElemFormat;
+use crate::quant::Grouping;
 
 /// The AMD architectures the backend knows by what their matrix cores take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,8 +44,13 @@ pub enum GemmPath {
     /// hipBLASLt's block-scaled GEMM: an E8M0 scale per 32 elements along
     /// K on both operands (`VEC32_UE8M0`); the `hipDataType` of A and B.
     MxBlockScaled(i32, i32),
+    /// hipBLASLt FP8 with an f32 scale per row of each operand
+    /// (`OUTER_VEC_32F`, SPEC 3b rowwise); the `hipDataType` of A and B.
+    Fp8Rowwise(i32, i32),
     /// Both operands decoded exactly to BF16, a BF16 GEMM, the tensor
-    /// scales applied to the f32 result.
+    /// scales applied to the f32 result. FP8 group operands (SPEC 3b),
+    /// whose scales vary along K, go as their dequantized f32 values in an
+    /// f32 GEMM instead.
     DequantBf16,
 }
 
@@ -91,6 +97,17 @@ pub fn gemm_path(arch: Arch, a: &Format, b: &Format) -> GemmPath {
             match (mx_type(ca.elem), mx_type(cb.elem)) {
                 (Some(ta), Some(tb)) => GemmPath::MxBlockScaled(ta, tb),
                 _ => GemmPath::DequantBf16,
+            }
+        }
+        // E4M3FN codes: OCP FP8, so gfx950 only. hipBLASLt's header
+        // declares VEC128_32F and BLK128x128_32F but comments both "Not
+        // supported yet": 128-blocks decode.
+        (Format::Fp8Group(ca), Format::Fp8Group(cb))
+            if ca.grouping == Grouping::Rowwise && cb.grouping == Grouping::Rowwise =>
+        {
+            match fp8_type(arch, ElemFormat::E4M3FN) {
+                Some(t) => GemmPath::Fp8Rowwise(t, t),
+                None => GemmPath::DequantBf16,
             }
         }
         _ => GemmPath::DequantBf16,
@@ -154,6 +171,29 @@ mod tests {
         assert_eq!(p(Arch::Gfx950, E5M2, E5M2), GemmPath::DequantBf16);
         assert_eq!(p(Arch::Gfx942, E4M3FNUZ, E4M3FN), GemmPath::DequantBf16);
         assert_eq!(p(Arch::Other, E4M3FN, E4M3FN), GemmPath::DequantBf16);
+    }
+
+    #[test]
+    fn fp8_rowwise_is_native_on_gfx950_and_blocks_decode() {
+        use crate::quant::Fp8GroupConfig;
+        let g = Format::Fp8Group;
+        let (row, blk, tile) = (
+            Fp8GroupConfig::rowwise(),
+            Fp8GroupConfig::block128(),
+            Fp8GroupConfig::block128_tiles(),
+        );
+        let e4m3 = data_type::R_8F_E4M3;
+        assert_eq!(
+            gemm_path(Arch::Gfx950, &g(row), &g(row)),
+            GemmPath::Fp8Rowwise(e4m3, e4m3)
+        );
+        for arch in [Arch::Gfx942, Arch::Other] {
+            assert_eq!(gemm_path(arch, &g(row), &g(row)), GemmPath::DequantBf16);
+        }
+        for arch in [Arch::Gfx942, Arch::Gfx950, Arch::Other] {
+            assert_eq!(gemm_path(arch, &g(blk), &g(tile)), GemmPath::DequantBf16);
+            assert_eq!(gemm_path(arch, &g(row), &g(blk)), GemmPath::DequantBf16);
+        }
     }
 
     #[test]

@@ -2,9 +2,10 @@
 //! against the CPU backend.
 //!
 //! For several shapes (including M, K, N that are not multiples of 16 or 32
-//! and a Flux-like 512 x 768 -> 3072), every recipe, `mxfp4(sr = true)` and
-//! the per-GEMM overrides `mxfp4(fprop = bf16)` and `mxfp4(dgrad = fp8,
-//! wgrad = fp8)`, and both activation dtypes (f32, BF16), on seeded random
+//! and a Flux-like 512 x 768 -> 3072), every recipe the GPU runs (all but
+//! `nvfp4`), `mxfp4(sr = true)` and the per-GEMM overrides `mxfp4(fprop =
+//! bf16)`, `mxfp4(dgrad = fp8, wgrad = fp8)` and `mxfp4(dgrad = fp8_block)`,
+//! and both activation dtypes (f32, BF16), on seeded random
 //! x, W, b, dy:
 //!
 //! - the saved tensors must equal the CPU's byte for byte (codes, scale
@@ -248,7 +249,8 @@ fn check_nonfinite_nvfp4(dev: &CudaDevice) -> CheckResult {
 
 /// Every recipe of the table that the GPU backend runs, `mxfp4(sr = true)`
 /// and SPEC section 4a's per-GEMM overrides `mxfp4(fprop = bf16)`,
-/// `mxfp4(dgrad = fp8, wgrad = fp8)` and `mxfp4(dgrad = nvfp4)`.
+/// `mxfp4(dgrad = fp8, wgrad = fp8)`, `mxfp4(dgrad = nvfp4)` and
+/// `mxfp4(dgrad = fp8_block)`.
 pub fn recipes() -> Result<Vec<Recipe>, String> {
     let mxfp4 = |opts: &[(&str, &str)]| {
         opts.iter()
@@ -257,18 +259,12 @@ pub fn recipes() -> Result<Vec<Recipe>, String> {
             })
             .map_err(|e| format!("recipe option: {e}"))
     };
-    // TODO(lead): fp8_rowwise and fp8_block once the GPU backend runs them
-    // (its quantize answers NotImplemented for now).
-    let gpu = |k: &RecipeKind| !matches!(k, RecipeKind::Fp8Rowwise | RecipeKind::Fp8Block);
-    let mut v: Vec<Recipe> = RecipeKind::ALL
-        .iter()
-        .filter(|k| gpu(k))
-        .map(|&k| Recipe::new(k))
-        .collect();
+    let mut v: Vec<Recipe> = RecipeKind::ALL.iter().map(|&k| Recipe::new(k)).collect();
     v.push(mxfp4(&[("sr", "true")])?);
     v.push(mxfp4(&[("fprop", "bf16")])?);
     v.push(mxfp4(&[("dgrad", "fp8"), ("wgrad", "fp8")])?);
     v.push(mxfp4(&[("dgrad", "nvfp4")])?);
+    v.push(mxfp4(&[("dgrad", "fp8_block")])?);
     Ok(v)
 }
 

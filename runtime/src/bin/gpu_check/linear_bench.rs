@@ -1,7 +1,7 @@
 //! Speed of the quantized linear on the GPU: fwd + bwd with BF16
 //! activations, one `BENCH linear` line per recipe and shape.
 
-use mxswitch_runtime::cuda::{bias_fallbacks, CudaDevice, CudaStorage};
+use mxswitch_runtime::cuda::{bias_fallbacks, fp8_group_fallbacks, CudaDevice, CudaStorage};
 use mxswitch_runtime::qlinear::{self, LinearCall, LinearCtx, LinearShape};
 use mxswitch_runtime::recipe::{Recipe, RecipeKind};
 use mxswitch_runtime::DType;
@@ -69,10 +69,13 @@ fn run(dev: &CudaDevice, shapes: &[LinearShape], recipes: &[Recipe]) -> Result<(
         );
         for r in recipes {
             for (bias, tag) in [(Some(&b), "linear"), (None, "linear_nobias")] {
-                let before = bias_fallbacks();
+                let before = (bias_fallbacks(), fp8_group_fallbacks());
                 let ms = time_recipe(dev, r, s, (&x, &w, bias, &dy), 20)?;
-                if bias_fallbacks() != before {
+                if bias_fallbacks() != before.0 {
                     println!("  ({r}: bias added after the GEMM, not in its epilogue)");
+                }
+                if fp8_group_fallbacks() != before.1 {
+                    println!("  ({r}: some GEMMs ran on dequantized f32 values, not scaled FP8)");
                 }
                 let tf = 6.0 * (s.m * s.n * s.k) as f64 / (ms * 1e-3) / 1e12;
                 println!(
@@ -86,7 +89,8 @@ fn run(dev: &CudaDevice, shapes: &[LinearShape], recipes: &[Recipe]) -> Result<(
 }
 
 /// Every recipe at M = 4096, K = N = 3072, or with `large` issue 7's shapes
-/// at M = 16384 for bf16, fp8, mxfp4, mxfp8 and nvfp4; a failure is one FAIL line.
+/// at M = 16384 for bf16, fp8, mxfp4, mxfp8, nvfp4, fp8_rowwise and
+/// fp8_block; a failure is one FAIL line.
 pub fn bench(rep: &mut Report, large: bool) {
     let shape = |m, k, n| LinearShape { m, k, n };
     let r = CudaDevice::get(0).map_err(err).and_then(|dev| {
@@ -103,6 +107,8 @@ pub fn bench(rep: &mut Report, large: bool) {
                 RecipeKind::Mxfp4,
                 RecipeKind::Mxfp8,
                 RecipeKind::Nvfp4,
+                RecipeKind::Fp8Rowwise,
+                RecipeKind::Fp8Block,
             ];
             run(&dev, &shapes, &kinds.map(Recipe::new))
         } else {

@@ -109,8 +109,15 @@ fn operand_norms(
 }
 
 /// Whether cuBLASLt multiplies these operands in FP8: both tensorwise in
-/// the OCP formats, one of them E4M3 (the backend's `cublas_fp8` rule).
+/// the OCP formats, one of them E4M3 (the backend's `cublas_fp8` rule), or
+/// both E4M3 with rowwise / 128-block scales.
 fn fp8_mma(a: &Want, b: &Want) -> bool {
+    if matches!(
+        (a.format, b.format),
+        (Format::Fp8Group(_), Format::Fp8Group(_))
+    ) {
+        return true;
+    }
     let ocp = |w: &Want| match w.format {
         Format::Tensorwise { elem, .. } => {
             matches!(elem, ElemFormat::E4M3FN | ElemFormat::E5M2).then_some(elem)

@@ -5,8 +5,9 @@
 //! gpu_check bench [BENCH...]     the benchmarks (all but linear-large when none)
 //! ```
 //!
-//! Suites: `quantize` (MX, NVFP4 and FP8 quantizers bit-exact with the CPU,
-//! their speed), `gemm` (cuBLASLt GEMMs against f64), `ops` (every tensor op,
+//! Suites: `quantize` (MX, NVFP4, FP8 tensorwise and FP8 rowwise / 128-block
+//! quantizers bit-exact with the CPU, their speed, the scaled FP8 group
+//! GEMMs against f64), `gemm` (cuBLASLt GEMMs against f64), `ops` (every tensor op,
 //! forward and backward), `linear` (the recipe linears with byte-identical
 //! saved operands, per-GEMM overrides included), `adamw` (AdamW bit-identical,
 //! clipping), `attention` (fused attention forward and backward against the
@@ -26,6 +27,7 @@ mod attention;
 mod common;
 mod fp8;
 mod fp8_2d;
+mod fp8_group;
 mod fused;
 mod gemm;
 mod gemm_layout;
@@ -59,6 +61,7 @@ const SUITES: [Part; 7] = [
         nvfp4::check_nvfp4_golden(ctx, rep);
         fp8::check_fp8(ctx, rep);
         fp8_2d::check_fp8_2d(ctx, rep);
+        fp8_group::check_fp8_group(ctx, rep);
         quant_speed::time_quantizers(ctx, rep);
         quant_speed::bench_quantizers(ctx, rep);
     }),
