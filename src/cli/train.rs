@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use mxswitch::files::interrupt;
 use mxswitch::models::flux::RunConfig;
+use mxswitch::runtime::dist::Membership;
 use mxswitch::runtime::{Device, Result};
 use mxswitch::train::{train, Scale, TrainOptions};
 
@@ -67,6 +68,10 @@ pub struct TrainArgs {
     /// Replace a previous run in the output folder.
     #[arg(long)]
     pub overwrite: bool,
+    /// Under `mxswitch launch`: compare the ranks' per-linear recipes every
+    /// N iterations and stop on a mismatch (0: never).
+    #[arg(long, value_name = "N", default_value_t = mxswitch::train::RECIPE_CHECK_EVERY, value_parser = whole_number, allow_negative_numbers = true)]
+    pub recipe_check_every: u64,
 }
 
 /// A whole number for an iteration count or a seed, with a message that
@@ -85,7 +90,8 @@ pub fn run(args: &TrainArgs) -> Result<ExitCode> {
         "rocm" => Device::Rocm(0),
         _ => Device::Cpu,
     };
-    mxswitch::train::check_device(device)?;
+    let dist = Membership::from_env()?;
+    mxswitch::train::check_device(dist.as_ref().map_or(device, |m| m.device(device)))?;
     let config = args.config.as_deref().map(RunConfig::load).transpose()?;
     interrupt::install();
     interrupt::set_graceful(true);
@@ -105,6 +111,8 @@ pub fn run(args: &TrainArgs) -> Result<ExitCode> {
         plot_scale: args.plot_scale,
         overwrite: args.overwrite,
         progress: true,
+        dist,
+        recipe_check_every: args.recipe_check_every,
     })?;
     interrupt::set_graceful(false);
     if let Some(next) = summary.interrupted_at {
