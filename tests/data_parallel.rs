@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use mxswitch::runtime::dist::tcp::TcpCollective;
 use mxswitch::runtime::dist::{
-    all_gather_bytes, all_reduce_f32, average_gradients, Collective, Membership, BUCKET_BYTES,
+    all_gather_bytes, all_reduce_f32, average_gradients, backward_averaged, Collective, Membership,
+    BUCKET_BYTES,
 };
 use mxswitch::runtime::{DType, Device, Gradients, Param, ParamId, Tensor};
 
@@ -47,7 +48,8 @@ fn sums_and_gathers_over_three_ranks() {
     let got = ranks(3, |c| {
         let r = c.rank() as f32;
         let sum = all_reduce_f32(c, &[r, 10.0 * r, 0.5]).unwrap();
-        let all = all_gather_bytes(c, &[c.rank() as u8, 200 + c.rank() as u8]).unwrap();
+        let me = c.rank() as u8;
+        let all = all_gather_bytes(c, &[me, 200 + me]).unwrap();
         (sum, all)
     });
     for (sum, all) in got {
@@ -96,6 +98,38 @@ fn gradients_average_in_buckets() {
     }
 }
 
+/// Backward with the buckets summed as the gradients become final gives
+/// every rank the mean of the ranks' gradients, in any bucket size.
+#[test]
+fn backward_averages_while_it_runs() {
+    for bucket_bytes in [4, BUCKET_BYTES] {
+        let got = ranks(2, |c| {
+            let k = c.rank() as f32 + 1.0;
+            let p = Param::new(Tensor::zeros([3], DType::F32, &Device::Cpu).unwrap()).unwrap();
+            let q = Param::new(Tensor::zeros([2, 2], DType::F32, &Device::Cpu).unwrap()).unwrap();
+            let x = Tensor::from_vec(vec![k; 3], [3], &Device::Cpu).unwrap();
+            let y = Tensor::from_vec(vec![2.0 * k; 4], [2, 2], &Device::Cpu).unwrap();
+            let loss = p
+                .mul(&x)
+                .unwrap()
+                .sum(&[0], false)
+                .unwrap()
+                .add(&q.mul(&y).unwrap().sum(&[0, 1], false).unwrap())
+                .unwrap();
+            let g = backward_averaged(c, &loss, bucket_bytes).unwrap();
+            let v = |t: &Param| g.get(t.id()).unwrap().to_vec_f32().unwrap();
+            (v(&p), v(&q), g.len())
+        });
+        for (p, q, n) in got {
+            assert_eq!(
+                (p, q, n),
+                (vec![1.5; 3], vec![3.0; 4], 2),
+                "bucket {bucket_bytes}"
+            );
+        }
+    }
+}
+
 /// A gradient of a parameter outside the given order is refused instead of
 /// being left unsummed on one rank.
 #[test]
@@ -103,8 +137,13 @@ fn a_stray_gradient_is_refused() {
     let p = Param::new(Tensor::zeros([1], DType::F32, &Device::Cpu).unwrap()).unwrap();
     let errs = ranks(1, |c| {
         let mut g = Gradients::default();
-        g.insert(p.id(), Tensor::zeros([1], DType::F32, &Device::Cpu).unwrap());
-        average_gradients(c, &mut g, &[], BUCKET_BYTES).unwrap_err().to_string()
+        g.insert(
+            p.id(),
+            Tensor::zeros([1], DType::F32, &Device::Cpu).unwrap(),
+        );
+        average_gradients(c, &mut g, &[], BUCKET_BYTES)
+            .unwrap_err()
+            .to_string()
     });
     assert!(errs[0].contains("only 0 of them"), "{}", errs[0]);
 }
@@ -123,7 +162,15 @@ fn text(b: &[u8]) -> String {
 
 #[test]
 fn every_rank_is_shown_under_its_prefix_or_the_chosen_ones() {
-    let out = mxswitch(&["launch", "--nproc", "3", "--", "plan", "--config", "flux-tiny"]);
+    let out = mxswitch(&[
+        "launch",
+        "--nproc",
+        "3",
+        "--",
+        "plan",
+        "--config",
+        "flux-tiny",
+    ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     for rank in 0..3 {
@@ -135,12 +182,35 @@ fn every_rank_is_shown_under_its_prefix_or_the_chosen_ones() {
     let count = |r: &str| stdout.lines().filter(|l| l.starts_with(r)).count();
     assert_eq!(count("[rank 0]"), count("[rank 2]"));
 
-    let out = mxswitch(&["launch", "--nproc", "3", "--show", "1", "--", "plan", "--config", "flux-tiny"]);
+    let out = mxswitch(&[
+        "launch",
+        "--nproc",
+        "3",
+        "--show",
+        "1",
+        "--",
+        "plan",
+        "--config",
+        "flux-tiny",
+    ]);
     assert!(out.status.success());
     let stdout = text(&out.stdout);
-    assert!(!stdout.is_empty() && stdout.lines().all(|l| l.starts_with("[rank 1] ")), "{stdout}");
+    assert!(
+        !stdout.is_empty() && stdout.lines().all(|l| l.starts_with("[rank 1] ")),
+        "{stdout}"
+    );
 
-    let out = mxswitch(&["launch", "--nproc", "2", "--show", "2", "--", "plan", "--config", "flux-tiny"]);
+    let out = mxswitch(&[
+        "launch",
+        "--nproc",
+        "2",
+        "--show",
+        "2",
+        "--",
+        "plan",
+        "--config",
+        "flux-tiny",
+    ]);
     assert!(!out.status.success());
     assert_eq!(
         text(&out.stderr).trim(),
@@ -181,7 +251,9 @@ fn a_failing_rank_is_shown_and_stops_the_others() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
     assert!(
-        stderr.lines().any(|l| l.starts_with("[rank 1] error: cannot read config") && l.contains("cfg1.ron")),
+        stderr
+            .lines()
+            .any(|l| l.starts_with("[rank 1] error: cannot read config") && l.contains("cfg1.ron")),
         "{stderr}"
     );
     assert_eq!(
@@ -210,18 +282,24 @@ fn rows(dir: &Path) -> Vec<(u64, f32, String)> {
 
 /// Largest relative loss difference allowed between world sizes. The ranks
 /// see the same samples and average the gradients, so the runs differ only
-/// in the order of sums (a loss is a mean of per-rank means; gradients are
-/// added per rank, then over ranks) and in the quantizers' per-tensor
-/// statistics over a rank's half batch (FP8's amax), which these rounding
-/// differences feed through a dozen AdamW steps.
-const LOSS_TOLERANCE: f32 = 2e-2;
+/// in the order of sums: a loss is a mean of per-rank means, a gradient the
+/// mean of per-rank sums; these last-bit differences (FP8's per-tensor
+/// amax over a rank's half batch among them) grow through the AdamW steps.
+/// Measured over these 12 steps: at most 7e-6.
+const LOSS_TOLERANCE: f32 = 1e-4;
 
 fn assert_close(a: &[(u64, f32, String)], b: &[(u64, f32, String)]) {
     assert_eq!(a.len(), b.len());
     for (x, y) in a.iter().zip(b) {
         assert_eq!((x.0, &x.2), (y.0, &y.2), "iteration or recipe differs");
         let rel = (x.1 - y.1).abs() / x.1.abs();
-        assert!(rel <= LOSS_TOLERANCE, "iteration {}: {} vs {} ({rel:e})", x.0, x.1, y.1);
+        assert!(
+            rel <= LOSS_TOLERANCE,
+            "iteration {}: {} vs {} ({rel:e})",
+            x.0,
+            x.1,
+            y.1
+        );
     }
 }
 
@@ -241,11 +319,26 @@ fn two_ranks_train_like_one_and_resume_on_any_world_size() {
     };
     run(&["train"], &["--iters", "12", "--out", &p("one")]);
     let launch = ["launch", "--nproc", "2", "--", "train"];
-    let stdout = run(&launch, &["--iters", "12", "--out", &p("two{rank}"), "--recipe-check-every", "1"]);
+    let stdout = run(
+        &launch,
+        &[
+            "--iters",
+            "12",
+            "--out",
+            &p("two{rank}"),
+            "--recipe-check-every",
+            "1",
+        ],
+    );
     let one = rows(&dir.path().join("one"));
     let two = rows(&dir.path().join("two0"));
     assert_close(&one, &two);
     assert!(!dir.path().join("two1").exists(), "rank 1 wrote files");
+    assert!(
+        stdout.contains("[rank 1] trained iterations 0..=11: loss"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("rank 0 writes the run's files"), "{stdout}");
     for rank in 0..2 {
         let line = format!("[rank {rank}] 4/4 layers (24/24 linears) now fp8 at iteration 6");
         assert!(stdout.contains(&line), "{stdout}");
@@ -254,11 +347,24 @@ fn two_ranks_train_like_one_and_resume_on_any_world_size() {
     // Half the run on one process, the rest on two ranks, and the reverse.
     run(&["train"], &["--iters", "6", "--out", &p("half1")]);
     let resume = p("half1/checkpoint.safetensors");
-    run(&launch, &["--iters", "12", "--resume", &resume, "--out", &p("rest2_{rank}")]);
+    run(
+        &launch,
+        &[
+            "--iters",
+            "12",
+            "--resume",
+            &resume,
+            "--out",
+            &p("rest2_{rank}"),
+        ],
+    );
     assert_close(&one[6..], &rows(&dir.path().join("rest2_0")));
     run(&launch, &["--iters", "6", "--out", &p("half2_{rank}")]);
     let resume = p("half2_0/checkpoint.safetensors");
-    run(&["train"], &["--iters", "12", "--resume", &resume, "--out", &p("rest1")]);
+    run(
+        &["train"],
+        &["--iters", "12", "--resume", &resume, "--out", &p("rest1")],
+    );
     assert_close(&one[6..], &rows(&dir.path().join("rest1")));
 }
 
@@ -284,14 +390,34 @@ fn the_plan_shards_flux_schnell_over_eight_gpus() {
     assert_eq!(stages.len(), 4);
     let get = |z: usize, k: &str| stages[z][k].as_u64().unwrap();
     let (full, eighth) = (4 * p, (4 * p).div_ceil(8));
-    assert_eq!((get(0, "parameters"), get(0, "gradients"), get(0, "adamw")), (full, full, 2 * full));
-    assert_eq!((get(1, "parameters"), get(1, "gradients"), get(1, "adamw")), (full, full, 2 * eighth));
+    assert_eq!(
+        (get(0, "parameters"), get(0, "gradients"), get(0, "adamw")),
+        (full, full, 2 * full)
+    );
+    assert_eq!(
+        (get(1, "parameters"), get(1, "gradients"), get(1, "adamw")),
+        (full, full, 2 * eighth)
+    );
     assert_eq!((get(2, "parameters"), get(2, "gradients")), (full, eighth));
-    assert_eq!((get(3, "parameters"), get(3, "warmup_copy")), (eighth, eighth));
+    assert_eq!(
+        (get(3, "parameters"), get(3, "warmup_copy")),
+        (eighth, eighth)
+    );
     assert!(get(3, "gathered") > 0 && get(2, "gathered") == 0);
     for z in 0..4 {
-        let parts = ["parameters", "warmup_copy", "gradients", "adamw", "activations", "buckets", "gathered"];
-        assert_eq!(get(z, "total"), parts.iter().map(|k| get(z, k)).sum::<u64>());
+        let parts = [
+            "parameters",
+            "warmup_copy",
+            "gradients",
+            "adamw",
+            "activations",
+            "buckets",
+            "gathered",
+        ];
+        assert_eq!(
+            get(z, "total"),
+            parts.iter().map(|k| get(z, k)).sum::<u64>()
+        );
         assert_eq!(get(z, "activations"), get(0, "activations"));
     }
     assert!((1..4).all(|z| get(z, "total") < get(z - 1, "total")));

@@ -524,7 +524,6 @@ fn two_ranks_on_the_same_batches_train_like_one() {
 /// recipe check at the first iteration they differ, on every rank.
 #[test]
 fn ranks_whose_recipes_differ_stop_naming_them() {
-    use mxswitch::runtime::plan::PrecisionModel;
     use mxswitch::runtime::schedule::Schedule;
     let dir = tempfile::tempdir().unwrap();
     let opts = |rank: usize| {

@@ -77,7 +77,10 @@ pub fn run(args: &LaunchArgs) -> Result<ExitCode> {
     for rank in 0..n {
         let place = Place { rank, n, port };
         let mut cmd = rank_command(&exe, &args.command, place, nccl_id.as_deref(), caller_nvls);
-        let shown = args.show.as_ref().is_none_or(|s| s.contains(&(rank as u32)));
+        let shown = args
+            .show
+            .as_ref()
+            .is_none_or(|s| s.contains(&(rank as u32)));
         match cmd.spawn() {
             Ok(child) => ranks.push(Rank::watch(rank, child, shown, &console)),
             Err(e) => {
@@ -100,7 +103,12 @@ pub fn run(args: &LaunchArgs) -> Result<ExitCode> {
     ranks[rank].join();
     if !ranks[rank].shown {
         let _guard = console.lock().unwrap_or_else(|e| e.into_inner());
-        for line in ranks[rank].kept.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        for line in ranks[rank]
+            .kept
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
             eprintln!("[rank {rank}] {line}");
         }
     }
@@ -170,11 +178,7 @@ fn gpu_of(command: &[String]) -> Option<(&'static str, &'static str)> {
         .iter()
         .position(|a| a == "--device")
         .and_then(|i| command.get(i + 1).map(String::as_str))
-        .or_else(|| {
-            command
-                .iter()
-                .find_map(|a| a.strip_prefix("--device="))
-        })?;
+        .or_else(|| command.iter().find_map(|a| a.strip_prefix("--device=")))?;
     match device {
         "cuda" => Some(("CUDA_VISIBLE_DEVICES", "cuda")),
         "rocm" => Some(("HIP_VISIBLE_DEVICES", "rocm")),
@@ -393,7 +397,10 @@ mod tests {
         };
         let exe = std::path::Path::new("mxswitch");
         let cmd = rank_command(exe, &cmd_line, place, Some("ab"), false);
-        let args: Vec<_> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+        let args: Vec<_> = cmd
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
         assert_eq!(args, ["train", "--out", "runs/r1"]);
         let e = envs(&cmd);
         let get = |k: &str| e.iter().find(|(n, _)| n == k).and_then(|(_, v)| v.clone());
@@ -417,14 +424,23 @@ mod tests {
         assert!(check_visible(var, None, 8).is_ok());
         assert!(check_visible(var, Some("4,5"), 2).is_ok());
         let e = check_visible(var, Some("4,5"), 3).unwrap_err().to_string();
-        assert!(e.contains("HIP_VISIBLE_DEVICES=4,5 leaves 2 device(s)"), "{e}");
+        assert!(
+            e.contains("HIP_VISIBLE_DEVICES=4,5 leaves 2 device(s)"),
+            "{e}"
+        );
     }
 
     #[test]
     fn the_device_flag_picks_the_variable() {
         let cmd = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
-        assert_eq!(gpu_of(&cmd("train --device cuda")), Some(("CUDA_VISIBLE_DEVICES", "cuda")));
-        assert_eq!(gpu_of(&cmd("train --device=rocm")), Some(("HIP_VISIBLE_DEVICES", "rocm")));
+        assert_eq!(
+            gpu_of(&cmd("train --device cuda")),
+            Some(("CUDA_VISIBLE_DEVICES", "cuda"))
+        );
+        assert_eq!(
+            gpu_of(&cmd("train --device=rocm")),
+            Some(("HIP_VISIBLE_DEVICES", "rocm"))
+        );
         assert_eq!(gpu_of(&cmd("train --device cpu")), None);
         assert_eq!(gpu_of(&cmd("train")), None);
     }

@@ -81,6 +81,19 @@ fn whole_number(s: &str) -> std::result::Result<u64, String> {
         .map_err(|_| format!("expected a whole number 0 or more, got `{s}`"))
 }
 
+/// The files a run wrote, or, on a rank other than 0, who writes them.
+fn wrote(summary: &mxswitch::train::TrainSummary, writer: bool) -> String {
+    if !writer {
+        return "rank 0 writes the run's files".into();
+    }
+    format!(
+        "wrote {}, {} and {}",
+        summary.metrics_file.display(),
+        summary.plot.display(),
+        summary.checkpoint.display()
+    )
+}
+
 /// Exit status of a run stopped by Ctrl-C or SIGTERM (128 + SIGINT).
 const EXIT_INTERRUPTED: u8 = 130;
 
@@ -91,6 +104,7 @@ pub fn run(args: &TrainArgs) -> Result<ExitCode> {
         _ => Device::Cpu,
     };
     let dist = Membership::from_env()?;
+    let writer = dist.as_ref().is_none_or(|m| m.rank == 0);
     mxswitch::train::check_device(dist.as_ref().map_or(device, |m| m.device(device)))?;
     let config = args.config.as_deref().map(RunConfig::load).transpose()?;
     interrupt::install();
@@ -118,11 +132,9 @@ pub fn run(args: &TrainArgs) -> Result<ExitCode> {
     if let Some(next) = summary.interrupted_at {
         match summary.metrics.last() {
             Some(last) => println!(
-                "interrupted after iteration {}: wrote {}, {} and {}; resume with: mxswitch train --resume {} --out {}",
+                "interrupted after iteration {}: {}; resume with: mxswitch train --resume {} --out {}",
                 last.iter,
-                summary.metrics_file.display(),
-                summary.plot.display(),
-                summary.checkpoint.display(),
+                wrote(&summary, writer),
                 summary.checkpoint.display(),
                 args.out.display()
             ),
@@ -138,14 +150,12 @@ pub fn run(args: &TrainArgs) -> Result<ExitCode> {
     }
     if let (Some(first), Some(last)) = (summary.metrics.first(), summary.metrics.last()) {
         println!(
-            "trained iterations {}..={}: loss {:.4} -> {:.4}; wrote {}, {} and {}",
+            "trained iterations {}..={}: loss {:.4} -> {:.4}; {}",
             first.iter,
             last.iter,
             first.loss,
             last.loss,
-            summary.metrics_file.display(),
-            summary.plot.display(),
-            summary.checkpoint.display()
+            wrote(&summary, writer)
         );
     }
     if let Some(report) = mxswitch::runtime::profile::report() {

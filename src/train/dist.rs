@@ -2,35 +2,18 @@
 //! run (SPEC section 9): average the loss and the gradients, and check that
 //! every rank runs the same per-linear recipes.
 
-use mxswitch_runtime::dist::{all_gather_bytes, all_reduce_f32, average_gradients, Collective};
-use mxswitch_runtime::module::Parameters;
+use mxswitch_runtime::dist::{all_gather_bytes, all_reduce_f32, Collective, BUCKET_BYTES};
 use mxswitch_runtime::plan::{Planned, RecipeReport};
-use mxswitch_runtime::{Error, Gradients, ParamId, Result};
+use mxswitch_runtime::{Error, Gradients, Result, Tensor};
 
 /// Compare the ranks' recipes every this many iterations unless told otherwise.
 pub const RECIPE_CHECK_EVERY: u64 = 50;
 
-/// The model's parameters in visiting order: the same on every rank, so the
-/// gradient buckets line up.
-pub fn param_order<M: Parameters + ?Sized>(model: &mut M) -> Vec<ParamId> {
-    let mut ids = Vec::new();
-    model.visit_params("", &mut |slot| {
-        if let Some(p) = slot.param.as_ref() {
-            ids.push(p.id());
-        }
-    });
-    ids
-}
-
-/// Replace `grads` by their means over the ranks: every rank then takes
-/// the same optimizer step.
-pub fn average<M: Parameters + ?Sized>(
-    c: &mut dyn Collective,
-    model: &mut M,
-    grads: &mut Gradients,
-) -> Result<()> {
-    let order = param_order(model);
-    average_gradients(c, grads, &order, mxswitch_runtime::dist::BUCKET_BYTES)
+/// Backward of this rank's `loss`, the gradients replaced by their means
+/// over the ranks (summed in buckets as backward makes them final): every
+/// rank then takes the same optimizer step.
+pub fn backward_averaged(c: &mut dyn Collective, loss: &Tensor) -> Result<Gradients> {
+    mxswitch_runtime::dist::backward_averaged(c, loss, BUCKET_BYTES)
 }
 
 /// The mean over the ranks of each rank's loss.

@@ -500,13 +500,13 @@ where
             at.iteration
         )));
     }
-    let mut grads = timed("step: backward", || loss.backward())?;
+    let grads = match coll {
+        Some(c) => timed("step: backward and gradient all-reduce", || {
+            dist::backward_averaged(c, &loss)
+        })?,
+        None => timed("step: backward", || loss.backward())?,
+    };
     drop(loss);
-    if let Some(c) = coll {
-        timed("step: gradient all-reduce", || {
-            dist::average(c, model, &mut grads)
-        })?;
-    }
     timed("step: clip and AdamW", || {
         // The clip factor goes into the AdamW step, which scales each
         // gradient element as it reads it: the bits of clip_grad_norm then

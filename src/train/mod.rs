@@ -41,6 +41,11 @@
 //! [`Fit::run`] split the call in two, so that a caller can check the
 //! folder before it allocates a large model.
 //!
+//! With a [`FitOptions::collective`] the loop is one rank of a data-parallel
+//! run (SPEC section 9): the loss and the gradients are averaged over the
+//! ranks after backward, the ranks' recipes are compared every
+//! [`FitOptions::recipe_check_every`] iterations, and only rank 0 writes.
+//!
 //! # Flux
 //!
 //! [`train`] is rectified flow on seeded synthetic data, AdamW with
@@ -353,9 +358,16 @@ fn train_in_pool(opts: &TrainOptions) -> Result<TrainSummary> {
         (Some(path), None) => Some(FluxWeights::read(path, &cfg.model)?),
         (None, _) => None,
     };
-    let (rank, world) = opts.dist.as_ref().map_or((0, 1), |m| (m.rank, m.world_size));
+    let (rank, world) = opts
+        .dist
+        .as_ref()
+        .map_or((0, 1), |m| (m.rank, m.world_size));
     let data = TrainData::of(&run, rank, world)?;
-    let collective = opts.dist.as_ref().map(|m| m.join(opts.device)).transpose()?;
+    let collective = opts
+        .dist
+        .as_ref()
+        .map(|m| m.join(opts.device))
+        .transpose()?;
     let record = serde_json::to_string(&run)
         .map_err(|e| Error::InvalidOption(format!("the run record: {e}")))?;
     let fit = Fit::prepare(FitOptions {

@@ -69,10 +69,18 @@ pub fn sharded_memory(cfg: &RunConfig, world: u64, zero: u8) -> Result<ShardedMe
         3 => 2 * 4 * largest_layer(cfg)?,
         _ => 0,
     };
-    let total = [parameters, warmup_copy, gradients, adamw, activations, buckets, gathered]
-        .iter()
-        .try_fold(0u64, |t, &b| t.checked_add(b))
-        .ok_or_else(|| Error::InvalidOption("the memory per GPU overflows 64 bits".into()))?;
+    let total = [
+        parameters,
+        warmup_copy,
+        gradients,
+        adamw,
+        activations,
+        buckets,
+        gathered,
+    ]
+    .iter()
+    .try_fold(0u64, |t, &b| t.checked_add(b))
+    .ok_or_else(|| Error::InvalidOption("the memory per GPU overflows 64 bits".into()))?;
     Ok(ShardedMemory {
         world_size: world,
         zero,

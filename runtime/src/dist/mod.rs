@@ -80,9 +80,8 @@ impl Membership {
                     env::WORLD_SIZE
                 ))
             })?;
-            v.parse().map_err(|_| {
-                Error::InvalidOption(format!("{name}={v}: expected a whole number"))
-            })
+            v.parse()
+                .map_err(|_| Error::InvalidOption(format!("{name}={v}: expected a whole number")))
         };
         let world_size = number(env::WORLD_SIZE, Some(world))?;
         let rank = number(env::RANK, var(env::RANK))?;
@@ -177,15 +176,14 @@ pub fn all_gather_bytes(c: &mut dyn Collective, mine: &[u8]) -> Result<Vec<Vec<u
 /// Replace each gradient with its mean over the ranks: the gradients in
 /// `order` (the same on every rank) are flattened into buckets of about
 /// `bucket_bytes`, each bucket summed in one call and scaled by
-/// 1 / world size. Runs after backward (the buckets are not overlapped with
-/// it).
+/// 1 / world size. For gradients already computed; a training step uses
+/// [`backward_averaged`], which overlaps the buckets with backward.
 pub fn average_gradients(
     c: &mut dyn Collective,
     grads: &mut Gradients,
     order: &[ParamId],
     bucket_bytes: usize,
 ) -> Result<()> {
-    let scale = 1.0 / c.world_size() as f32;
     let ids: Vec<ParamId> = order
         .iter()
         .copied()
@@ -198,39 +196,145 @@ pub fn average_gradients(
             ids.len()
         )));
     }
-    let mut start = 0;
-    while start < ids.len() {
-        let (mut end, mut bytes) = (start, 0);
-        while end < ids.len() && (end == start || bytes < bucket_bytes) {
-            bytes += grads.get(ids[end]).map_or(0, |g| g.elem_count() * 4);
-            end += 1;
+    let mut buckets = Buckets::new(bucket_bytes);
+    let mut full = Vec::new();
+    for id in ids {
+        let g = grads
+            .get(id)
+            .expect("ids are filtered to present gradients");
+        full.extend(buckets.push(id, g));
+    }
+    full.extend(buckets.rest());
+    for bucket in full {
+        for (id, g) in reduce_bucket(c, bucket)? {
+            grads.insert(id, g);
         }
-        reduce_bucket(c, grads, &ids[start..end], scale)?;
-        start = end;
     }
     Ok(())
 }
 
+/// Backward of the scalar `loss` with every gradient replaced by its mean
+/// over the ranks. A bucket is summed as soon as its gradients are final,
+/// while the rest of the tape runs: on the CPU on a helper thread (the sum
+/// overlaps backward); on a GPU from the backward's own thread, so the sum
+/// is queued on the stream between the backward's kernels (interleaved,
+/// not concurrent: there is one stream).
+pub fn backward_averaged(
+    c: &mut dyn Collective,
+    loss: &Tensor,
+    bucket_bytes: usize,
+) -> Result<Gradients> {
+    let seed = Tensor::ones(loss.shape().clone(), loss.dtype(), &loss.device())?;
+    let mut buckets = Buckets::new(bucket_bytes);
+    if c.device() != Device::Cpu {
+        let mut done = Vec::new();
+        let mut grads = loss.backward_streaming(&seed, &mut |id, g| {
+            if let Some(b) = buckets.push(id, g) {
+                done.extend(reduce_bucket(c, b)?);
+            }
+            Ok(())
+        })?;
+        if let Some(b) = buckets.rest() {
+            done.extend(reduce_bucket(c, b)?);
+        }
+        return replace_all(&mut grads, done).map(|()| grads);
+    }
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<(ParamId, Tensor)>>();
+        let summer = s.spawn(move || -> Result<Vec<(ParamId, Tensor)>> {
+            let mut done = Vec::new();
+            for b in rx {
+                done.extend(reduce_bucket(c, b)?);
+            }
+            Ok(done)
+        });
+        let grads = loss.backward_streaming(&seed, &mut |id, g| {
+            if let Some(b) = buckets.push(id, g) {
+                // A closed channel means the helper failed: join says why.
+                let _ = tx.send(b);
+            }
+            Ok(())
+        });
+        if let Some(b) = buckets.rest() {
+            let _ = tx.send(b);
+        }
+        drop(tx);
+        let done = summer
+            .join()
+            .map_err(|_| Error::Backend("the gradient all-reduce thread panicked".into()))??;
+        let mut grads = grads?;
+        replace_all(&mut grads, done).map(|()| grads)
+    })
+}
+
+/// Put the averaged gradients in, checking that every one was averaged.
+fn replace_all(grads: &mut Gradients, done: Vec<(ParamId, Tensor)>) -> Result<()> {
+    if done.len() != grads.len() {
+        return Err(Error::Autograd(format!(
+            "{} of {} gradients were averaged over the ranks",
+            done.len(),
+            grads.len()
+        )));
+    }
+    for (id, g) in done {
+        grads.insert(id, g);
+    }
+    Ok(())
+}
+
+/// Gradients gathered into buckets of about `bytes` (as f32).
+struct Buckets {
+    bytes: usize,
+    filled: usize,
+    open: Vec<(ParamId, Tensor)>,
+}
+
+impl Buckets {
+    fn new(bytes: usize) -> Buckets {
+        Buckets {
+            bytes,
+            filled: 0,
+            open: Vec::new(),
+        }
+    }
+
+    /// Add a gradient; returns the bucket it filled.
+    fn push(&mut self, id: ParamId, g: &Tensor) -> Option<Vec<(ParamId, Tensor)>> {
+        self.open.push((id, g.clone()));
+        self.filled += g.elem_count() * 4;
+        (self.filled >= self.bytes).then(|| {
+            self.filled = 0;
+            std::mem::take(&mut self.open)
+        })
+    }
+
+    /// The last, partly filled bucket.
+    fn rest(&mut self) -> Option<Vec<(ParamId, Tensor)>> {
+        (!self.open.is_empty()).then(|| std::mem::take(&mut self.open))
+    }
+}
+
+/// One bucket's gradients, each replaced by its mean over the ranks.
 fn reduce_bucket(
     c: &mut dyn Collective,
-    grads: &mut Gradients,
-    ids: &[ParamId],
-    scale: f32,
-) -> Result<()> {
-    let mut flat = Vec::with_capacity(ids.len());
-    let mut metas = Vec::with_capacity(ids.len());
-    for id in ids {
-        let g = grads.get(*id).expect("ids are filtered to present gradients");
-        metas.push((g.dims().to_vec(), g.dtype(), g.elem_count()));
+    bucket: Vec<(ParamId, Tensor)>,
+) -> Result<Vec<(ParamId, Tensor)>> {
+    let scale = 1.0 / c.world_size() as f32;
+    let mut flat = Vec::with_capacity(bucket.len());
+    for (_, g) in &bucket {
         flat.push(g.to_dtype(DType::F32)?.reshape([g.elem_count()])?);
     }
     let parts: Vec<&Tensor> = flat.iter().collect();
-    let bucket = Tensor::cat(&parts, 0)?.contiguous()?;
-    let sum = c.all_reduce_sum(&bucket)?.mul_scalar(scale)?;
-    let sizes: Vec<usize> = metas.iter().map(|m| m.2).collect();
-    for ((id, (dims, dtype, _)), part) in ids.iter().zip(metas).zip(sum.split(0, &sizes)?) {
-        grads.insert(*id, part.reshape(dims)?.to_dtype(dtype)?.contiguous()?);
-    }
-    Ok(())
+    let sum = c
+        .all_reduce_sum(&Tensor::cat(&parts, 0)?.contiguous()?)?
+        .mul_scalar(scale)?;
+    let sizes: Vec<usize> = bucket.iter().map(|(_, g)| g.elem_count()).collect();
+    bucket
+        .into_iter()
+        .zip(sum.split(0, &sizes)?)
+        .map(|((id, g), part)| {
+            let mean = part.reshape(g.dims())?.to_dtype(g.dtype())?.contiguous()?;
+            Ok((id, mean))
+        })
+        .collect()
 }
-

@@ -47,16 +47,15 @@ impl TcpCollective {
                         s.set_nonblocking(false)
                             .map_err(|e| net("a rank's connection".into(), e))?;
                         let mut b = [0u8; 8];
-                        s.read_exact(&mut b)
-                            .map_err(|e| net("a rank connected but did not say its rank".into(), e))?;
+                        s.read_exact(&mut b).map_err(|e| {
+                            net("a rank connected but did not say its rank".into(), e)
+                        })?;
                         let r = u64::from_le_bytes(b) as usize;
                         match slots.get_mut(r.wrapping_sub(1)) {
                             Some(slot @ None) => *slot = Some(s),
-                            _ => {
-                                return Err(Error::Backend(format!(
-                                    "rank {r} joined the rendezvous at {addr} twice or is out of range"
-                                )))
-                            }
+                            _ => return Err(Error::Backend(format!(
+                                "rank {r} joined the rendezvous at {addr} twice or is out of range"
+                            ))),
                         }
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
