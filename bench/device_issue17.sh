@@ -38,5 +38,5 @@ print("median step ms: alone %.2f, launched %.2f" % (med(a), med(b)))
 PY
 echo "== refusals"
 CUDA_VISIBLE_DEVICES=0 "$B/mxswitch" launch --nproc 2 -- $RUN --out /tmp/never 2>&1 | tail -2
-echo "== a failing rank on the GPU (config of rank 0 missing)"
+echo "== a failing rank on the GPU (its config is missing; the launcher made an NCCL id first)"
 "$B/mxswitch" launch --nproc 1 -- train --device cuda --config /nonexistent{rank}.ron 2>&1 | tail -2

@@ -58,3 +58,19 @@ pub fn rccl() -> Result<&'static Rccl<'static>, String> {
     })
     .clone()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudarc::nccl::sys;
+
+    /// RCCL's header repeats NCCL's values; cudarc's bindings are generated
+    /// from nccl.h, so the copies here must equal them.
+    #[test]
+    fn constants_are_nccls() {
+        assert_eq!(FLOAT32, sys::ncclDataType_t::ncclFloat32 as c_int);
+        assert_eq!(SUM, sys::ncclRedOp_t::ncclSum as c_int);
+        assert_eq!(SUCCESS, sys::ncclResult_t::ncclSuccess as c_int);
+        assert_eq!(std::mem::size_of::<UniqueId>(), std::mem::size_of::<sys::ncclUniqueId>());
+    }
+}
