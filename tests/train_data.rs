@@ -201,3 +201,53 @@ fn the_target_loss_stops_the_run() {
     let ckpt = read_checkpoint(&stopped.checkpoint, u64::MAX).unwrap();
     assert_eq!(ckpt.iteration, hit.iter + 1);
 }
+
+/// Two ranks read disjoint halves of each step's batch of shards (and both
+/// evaluate the whole validation set): the losses and eval losses match one
+/// process's at the same global batch within tests/data_parallel.rs's bound.
+#[test]
+fn two_ranks_share_the_shards_like_one_process() {
+    use mxswitch::runtime::dist::Membership;
+    let dir = tempfile::tempdir().unwrap();
+    let (data, val) = sets(dir.path());
+    let alone = train(&options(&dir.path().join("alone"), 8, &data, &val)).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let runs: Vec<TrainSummary> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                let opts = TrainOptions {
+                    dist: Some(Membership {
+                        rank,
+                        world_size: 2,
+                        local_rank: rank,
+                        rendezvous: format!("127.0.0.1:{port}"),
+                        nccl_id: None,
+                    }),
+                    ..options(&dir.path().join(format!("rank{rank}")), 8, &data, &val)
+                };
+                s.spawn(move || train(&opts).unwrap())
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let close = |a: f32, b: f32| (a - b).abs() <= 1e-4 * a.abs();
+    for run in &runs {
+        assert_eq!(run.metrics.len(), alone.metrics.len());
+        for (a, b) in alone.metrics.iter().zip(&run.metrics) {
+            assert!(
+                close(a.loss, b.loss) && a.samples == b.samples,
+                "{a:?} vs {b:?}"
+            );
+        }
+        let evals = |s: &TrainSummary| s.evals.iter().map(|e| e.eval_loss).collect::<Vec<_>>();
+        assert!(evals(&alone)
+            .iter()
+            .zip(evals(run))
+            .all(|(a, b)| close(*a, b)));
+        assert_eq!(run.evals.len(), alone.evals.len());
+    }
+    assert!(!dir.path().join("rank1").exists());
+}

@@ -53,9 +53,11 @@ impl TcpCollective {
                         let r = u64::from_le_bytes(b) as usize;
                         match slots.get_mut(r.wrapping_sub(1)) {
                             Some(slot @ None) => *slot = Some(s),
-                            _ => return Err(Error::Backend(format!(
+                            _ => {
+                                return Err(Error::Backend(format!(
                                 "rank {r} joined the rendezvous at {addr} twice or is out of range"
-                            ))),
+                            )))
+                            }
                         }
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {

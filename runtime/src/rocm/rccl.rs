@@ -71,6 +71,9 @@ mod tests {
         assert_eq!(FLOAT32, sys::ncclDataType_t::ncclFloat32 as c_int);
         assert_eq!(SUM, sys::ncclRedOp_t::ncclSum as c_int);
         assert_eq!(SUCCESS, sys::ncclResult_t::ncclSuccess as c_int);
-        assert_eq!(std::mem::size_of::<UniqueId>(), std::mem::size_of::<sys::ncclUniqueId>());
+        assert_eq!(
+            std::mem::size_of::<UniqueId>(),
+            std::mem::size_of::<sys::ncclUniqueId>()
+        );
     }
 }
