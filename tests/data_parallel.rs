@@ -9,38 +9,16 @@ use std::time::{Duration, Instant};
 
 use mxswitch::runtime::dist::tcp::TcpCollective;
 use mxswitch::runtime::dist::{
-    all_gather_bytes, all_reduce_f32, average_gradients, backward_averaged, Collective, Membership,
+    all_gather_bytes, all_reduce_f32, average_gradients, backward_averaged, Collective,
     BUCKET_BYTES,
 };
 use mxswitch::runtime::{DType, Device, Gradients, Param, ParamId, Tensor};
 
-/// `n` ranks joined over TCP, each running `f` on its own thread; their
-/// results in rank order.
+mod common;
+
+/// `n` ranks joined over TCP, each running `f`; their results in rank order.
 fn ranks<R: Send>(n: usize, f: impl Fn(&mut dyn Collective) -> R + Sync) -> Vec<R> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..n)
-            .map(|rank| {
-                let f = &f;
-                s.spawn(move || {
-                    let m = Membership {
-                        rank,
-                        world_size: n,
-                        local_rank: rank,
-                        rendezvous: format!("127.0.0.1:{port}"),
-                        nccl_id: None,
-                    };
-                    let mut c = TcpCollective::connect(&m).unwrap();
-                    f(&mut c)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
+    common::on_ranks(n, |m| f(&mut TcpCollective::connect(&m).unwrap()))
 }
 
 #[test]

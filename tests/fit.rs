@@ -468,6 +468,8 @@ fn a_resume_at_another_batch_size_is_refused() {
     assert!(err.contains("another number of samples a step"), "{err}");
 }
 
+mod common;
+
 /// `n` ranks over TCP on this host, each training its own `Net` with the
 /// options `opts` gives for its rank; their results in rank order.
 fn ranks<R: Send>(
@@ -475,33 +477,14 @@ fn ranks<R: Send>(
     opts: impl Fn(usize) -> FitOptions + Sync,
     done: impl Fn(Result<(FitSummary, Net)>) -> R + Sync,
 ) -> Vec<R> {
-    use mxswitch::runtime::dist::{tcp::TcpCollective, Membership};
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port();
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..n)
-            .map(|rank| {
-                let (opts, done) = (&opts, &done);
-                s.spawn(move || {
-                    let m = Membership {
-                        rank,
-                        world_size: n,
-                        local_rank: rank,
-                        rendezvous: format!("127.0.0.1:{port}"),
-                        nccl_id: None,
-                    };
-                    let c = TcpCollective::connect(&m).unwrap();
-                    done(train(FitOptions {
-                        collective: Some(Box::new(c)),
-                        recipe_check_every: 1,
-                        ..opts(rank)
-                    }))
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    use mxswitch::runtime::dist::tcp::TcpCollective;
+    common::on_ranks(n, |m| {
+        let c = TcpCollective::connect(&m).unwrap();
+        done(train(FitOptions {
+            collective: Some(Box::new(c)),
+            recipe_check_every: 1,
+            ..opts(m.rank)
+        }))
     })
 }
 

@@ -8,6 +8,8 @@ use mxswitch::models::flux::RunConfig;
 use mxswitch::train::shards::{write_synthetic_shards, ShardDType, SyntheticShards};
 use mxswitch::train::{read_checkpoint, train, StepMetrics, TrainOptions, TrainSummary};
 
+mod common;
+
 fn tiny() -> RunConfig {
     RunConfig::load("flux-tiny").unwrap()
 }
@@ -207,31 +209,16 @@ fn the_target_loss_stops_the_run() {
 /// process's at the same global batch within tests/data_parallel.rs's bound.
 #[test]
 fn two_ranks_share_the_shards_like_one_process() {
-    use mxswitch::runtime::dist::Membership;
     let dir = tempfile::tempdir().unwrap();
     let (data, val) = sets(dir.path());
     let alone = train(&options(&dir.path().join("alone"), 8, &data, &val)).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
+    let runs = common::on_ranks(2, |m| {
+        let out = dir.path().join(format!("rank{}", m.rank));
+        train(&TrainOptions {
+            dist: Some(m),
+            ..options(&out, 8, &data, &val)
+        })
         .unwrap()
-        .port();
-    let runs: Vec<TrainSummary> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..2)
-            .map(|rank| {
-                let opts = TrainOptions {
-                    dist: Some(Membership {
-                        rank,
-                        world_size: 2,
-                        local_rank: rank,
-                        rendezvous: format!("127.0.0.1:{port}"),
-                        nccl_id: None,
-                    }),
-                    ..options(&dir.path().join(format!("rank{rank}")), 8, &data, &val)
-                };
-                s.spawn(move || train(&opts).unwrap())
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     let close = |a: f32, b: f32| (a - b).abs() <= 1e-4 * a.abs();
     for run in &runs {
