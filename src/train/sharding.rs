@@ -62,37 +62,42 @@ pub fn sharded_memory(cfg: &RunConfig, world: u64, zero: u8) -> Result<ShardedMe
         true => bytes.div_ceil(world),
         false => bytes,
     };
-    let (parameters, warmup_copy) = (shard(full.parameters, 3), shard(full.warmup_copy, 3));
-    let (gradients, adamw) = (shard(full.gradients, 2), shard(full.adamw, 1));
-    let buckets = 2 * BUCKET_BYTES as u64;
-    let gathered = match zero {
-        3 => 2 * 4 * largest_layer(cfg)?,
-        _ => 0,
-    };
-    let total = [
-        parameters,
-        warmup_copy,
-        gradients,
-        adamw,
-        activations,
-        buckets,
-        gathered,
-    ]
-    .iter()
-    .try_fold(0u64, |t, &b| t.checked_add(b))
-    .ok_or_else(|| Error::InvalidOption("the memory per GPU overflows 64 bits".into()))?;
-    Ok(ShardedMemory {
+    let mut m = ShardedMemory {
         world_size: world,
         zero,
-        parameters,
-        warmup_copy,
-        gradients,
-        adamw,
+        parameters: shard(full.parameters, 3),
+        warmup_copy: shard(full.warmup_copy, 3),
+        gradients: shard(full.gradients, 2),
+        adamw: shard(full.adamw, 1),
         activations,
-        buckets,
-        gathered,
-        total,
-    })
+        buckets: 2 * BUCKET_BYTES as u64,
+        gathered: match zero {
+            3 => 2 * 4 * largest_layer(cfg)?,
+            _ => 0,
+        },
+        total: 0,
+    };
+    m.total = m
+        .parts()
+        .iter()
+        .try_fold(0u64, |t, &b| t.checked_add(b))
+        .ok_or_else(|| Error::InvalidOption("the memory per GPU overflows 64 bits".into()))?;
+    Ok(m)
+}
+
+impl ShardedMemory {
+    /// Every part that `total` sums.
+    fn parts(&self) -> [u64; 7] {
+        [
+            self.parameters,
+            self.warmup_copy,
+            self.gradients,
+            self.adamw,
+            self.activations,
+            self.buckets,
+            self.gathered,
+        ]
+    }
 }
 
 /// Parameters of the largest unit ZeRO-3 gathers: a double or single block
