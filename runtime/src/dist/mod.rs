@@ -2,7 +2,7 @@
 //! section 9).
 //!
 //! A run of `N` ranks is `N` processes, one per device, that `mxswitch
-//! launch` starts with the variables of [`env`]. Each rank trains on its
+//! launch` starts with the variables of [`env`](mod@env). Each rank trains on its
 //! slice of the global batch; after backward the gradients are summed over
 //! the ranks in buckets ([`average_gradients`]) and divided by `N`, so every
 //! rank takes the same optimizer step. Three [`Collective`]s move the data:
@@ -50,7 +50,7 @@ pub trait Collective: Send + Debug {
     fn all_reduce_sum(&mut self, t: &Tensor) -> Result<Tensor>;
 }
 
-/// This process's place in a launched run, read from [`env`]; `None`
+/// This process's place in a launched run, read from [`env`](mod@env); `None`
 /// outside `mxswitch launch`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Membership {
@@ -67,7 +67,7 @@ pub struct Membership {
 }
 
 impl Membership {
-    /// The variables of [`env`], checked, or `None` when `WORLD_SIZE` is unset.
+    /// The variables of [`env`](mod@env), checked, or `None` when `WORLD_SIZE` is unset.
     pub fn from_env() -> Result<Option<Membership>> {
         let var = |name: &str| std::env::var(name).ok();
         let Some(world) = var(env::WORLD_SIZE) else {
