@@ -26,7 +26,7 @@ use mxswitch::runtime::{Error, Result};
 Each rank gets MXSWITCH_RANK, MXSWITCH_WORLD_SIZE, MXSWITCH_LOCAL_RANK and \
 MXSWITCH_RENDEZVOUS (127.0.0.1:PORT, rank 0 listens); with --device cuda or rocm also \
 MXSWITCH_NCCL_ID, the communicator's unique id. NCCL_NVLS_ENABLE=0 is set unless the caller \
-set it. CUDA_VISIBLE_DEVICES and HIP_VISIBLE_DEVICES are passed on untouched: rank k uses \
+set it; for a CPU command RAYON_NUM_THREADS is cores / N unless the caller set it. CUDA_VISIBLE_DEVICES and HIP_VISIBLE_DEVICES are passed on untouched: rank k uses \
 the k-th visible device. `{rank}` in an argument becomes the rank's number.")]
 pub struct LaunchArgs {
     /// Number of processes (ranks), one per device.
@@ -74,9 +74,18 @@ pub fn run(args: &LaunchArgs) -> Result<ExitCode> {
     let console = Arc::new(Mutex::new(()));
     let mut ranks = Vec::with_capacity(n);
     let caller_nvls = std::env::var_os(NVLS).is_some();
+    // CPU ranks share the host's cores instead of each starting a pool
+    // of all of them.
+    let threads = (gpu.is_none() && std::env::var_os(RAYON_THREADS).is_none()).then(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        (cores / n).max(1)
+    });
     for rank in 0..n {
         let place = Place { rank, n, port };
         let mut cmd = rank_command(&exe, &args.command, place, nccl_id.as_deref(), caller_nvls);
+        if let Some(t) = threads {
+            cmd.env(RAYON_THREADS, t.to_string());
+        }
         let shown = args
             .show
             .as_ref()
@@ -131,6 +140,9 @@ pub fn run(args: &LaunchArgs) -> Result<ExitCode> {
         describe(status)
     )))
 }
+
+/// The worker threads of a CPU rank (rayon's variable), unless the caller chose.
+const RAYON_THREADS: &str = "RAYON_NUM_THREADS";
 
 /// NVLink multicast (NVLS) stays off unless the caller chose.
 const NVLS: &str = "NCCL_NVLS_ENABLE";
