@@ -30,6 +30,9 @@ enum Command {
     Plan(cli::plan::PlanArgs),
     /// Write a checkpoint's weights in Black Forest Labs' Flux naming.
     Export(cli::export::ExportArgs),
+    /// Run a command on N ranks, one process per device, every rank's
+    /// output shown with a `[rank k]` prefix.
+    Launch(cli::launch::LaunchArgs),
 }
 
 fn main() -> ExitCode {
@@ -42,5 +45,6 @@ fn main() -> ExitCode {
         Command::Train(args) => cli::finish(cli::train::run(&args)),
         Command::Plan(args) => cli::finish(cli::plan::run(&args)),
         Command::Export(args) => cli::finish(cli::export::run(&args)),
+        Command::Launch(args) => cli::finish(cli::launch::run(&args)),
     }
 }

@@ -467,3 +467,65 @@ fn a_resume_at_another_batch_size_is_refused() {
     assert!(err.contains("metadata `samples` is 8"), "{err}");
     assert!(err.contains("another number of samples a step"), "{err}");
 }
+
+mod common;
+
+/// `n` ranks over TCP on this host, each training its own `Net` with the
+/// options `opts` gives for its rank; their results in rank order.
+fn ranks<R: Send>(
+    n: usize,
+    opts: impl Fn(usize) -> FitOptions + Sync,
+    done: impl Fn(Result<(FitSummary, Net)>) -> R + Sync,
+) -> Vec<R> {
+    use mxswitch::runtime::dist::tcp::TcpCollective;
+    common::on_ranks(n, |m| {
+        let c = TcpCollective::connect(&m).unwrap();
+        done(train(FitOptions {
+            collective: Some(Box::new(c)),
+            recipe_check_every: 1,
+            ..opts(m.rank)
+        }))
+    })
+}
+
+/// Two ranks on the same batches average equal gradients, so they train
+/// bit for bit like one process; only rank 0 writes files.
+#[test]
+fn two_ranks_on_the_same_batches_train_like_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (alone, _) = train(options(6, &dir.path().join("alone"))).unwrap();
+    let out = |rank: usize| dir.path().join(format!("rank{rank}"));
+    let got = ranks(2, |rank| options(6, &out(rank)), |r| r.unwrap().0.metrics);
+    for metrics in &got {
+        assert_eq!(timeless(metrics), timeless(&alone.metrics));
+    }
+    assert!(out(0).join("checkpoint.safetensors").exists());
+    assert!(!out(1).exists(), "rank 1 wrote files");
+}
+
+/// A rank whose schedule switches later than the others' is caught by the
+/// recipe check at the first iteration they differ, on every rank.
+#[test]
+fn ranks_whose_recipes_differ_stop_naming_them() {
+    use mxswitch::runtime::schedule::Schedule;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = |rank: usize| {
+        let base = Net::schedule();
+        let mut phases = base.phases().to_vec();
+        if rank == 1 {
+            phases[1].start = SWITCH + 2;
+        }
+        FitOptions {
+            schedule: Some(Schedule::new(phases, base.layers_per_iter, base.order).unwrap()),
+            ..options(8, &dir.path().join(format!("rank{rank}")))
+        }
+    };
+    let errs = ranks(2, opts, |r| r.err().map(|e| e.to_string()));
+    for e in errs {
+        let e = e.expect("the run must stop");
+        assert!(
+            e.contains("recipe check at iteration 3: rank 1 (") && e.contains("than rank 0"),
+            "{e}"
+        );
+    }
+}

@@ -8,6 +8,8 @@ use mxswitch::models::flux::RunConfig;
 use mxswitch::train::shards::{write_synthetic_shards, ShardDType, SyntheticShards};
 use mxswitch::train::{read_checkpoint, train, StepMetrics, TrainOptions, TrainSummary};
 
+mod common;
+
 fn tiny() -> RunConfig {
     RunConfig::load("flux-tiny").unwrap()
 }
@@ -200,4 +202,39 @@ fn the_target_loss_stops_the_run() {
     assert_eq!(stopped.metrics.len() as u64, hit.iter + 1);
     let ckpt = read_checkpoint(&stopped.checkpoint, u64::MAX).unwrap();
     assert_eq!(ckpt.iteration, hit.iter + 1);
+}
+
+/// Two ranks read disjoint halves of each step's batch of shards (and both
+/// evaluate the whole validation set): the losses and eval losses match one
+/// process's at the same global batch within tests/data_parallel.rs's bound.
+#[test]
+fn two_ranks_share_the_shards_like_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, val) = sets(dir.path());
+    let alone = train(&options(&dir.path().join("alone"), 8, &data, &val)).unwrap();
+    let runs = common::on_ranks(2, |m| {
+        let out = dir.path().join(format!("rank{}", m.rank));
+        train(&TrainOptions {
+            dist: Some(m),
+            ..options(&out, 8, &data, &val)
+        })
+        .unwrap()
+    });
+    let close = |a: f32, b: f32| (a - b).abs() <= 1e-4 * a.abs();
+    for run in &runs {
+        assert_eq!(run.metrics.len(), alone.metrics.len());
+        for (a, b) in alone.metrics.iter().zip(&run.metrics) {
+            assert!(
+                close(a.loss, b.loss) && a.samples == b.samples,
+                "{a:?} vs {b:?}"
+            );
+        }
+        let evals = |s: &TrainSummary| s.evals.iter().map(|e| e.eval_loss).collect::<Vec<_>>();
+        assert!(evals(&alone)
+            .iter()
+            .zip(evals(run))
+            .all(|(a, b)| close(*a, b)));
+        assert_eq!(run.evals.len(), alone.evals.len());
+    }
+    assert!(!dir.path().join("rank1").exists());
 }

@@ -317,6 +317,18 @@ impl Tensor {
     /// tensor, same shape) down the tape. Runs without recording, so there are
     /// no gradients of gradients.
     pub fn backward_with(&self, grad: &Tensor) -> Result<Gradients> {
+        self.backward_streaming(grad, &mut |_, _| Ok(()))
+    }
+
+    /// [`Tensor::backward_with`], calling `on_final(id, gradient)` as soon
+    /// as a parameter's gradient is final (the tape reached its last leaf)
+    /// while the rest of the tape still runs: where a data-parallel step
+    /// starts summing gradient buckets during backward.
+    pub fn backward_streaming(
+        &self,
+        grad: &Tensor,
+        on_final: &mut dyn FnMut(ParamId, &Tensor) -> Result<()>,
+    ) -> Result<Gradients> {
         let root = self.node_ref().ok_or_else(|| {
             Error::Autograd(
                 "backward of a tensor that tracks no gradient: no parameter was used, or it ran under no_grad"
@@ -338,17 +350,31 @@ impl Tensor {
             root_grads[root.output] = Some(grad.detach());
             pending.insert(root.node.seq, root_grads);
             let mut grads = Gradients::default();
-            for node in reverse_tape(&root.node) {
-                // A node reached only through inputs that got no gradient.
-                let Some(out_grads) = pending.remove(&node.seq) else {
-                    continue;
-                };
+            let tape = reverse_tape(&root.node);
+            // Leaves left per parameter: its gradient is final at the last.
+            let mut leaves: HashMap<ParamId, usize> = HashMap::new();
+            for node in &tape {
                 if let Op::Param(id) = node.op {
-                    if let Some(g) = out_grads.into_iter().next().flatten() {
+                    *leaves.entry(id).or_default() += 1;
+                }
+            }
+            for node in tape {
+                let out_grads = pending.remove(&node.seq);
+                if let Op::Param(id) = node.op {
+                    if let Some(g) = out_grads.and_then(|g| g.into_iter().next().flatten()) {
                         grads.accumulate(id, g)?;
+                    }
+                    let left = leaves.get_mut(&id).expect("counted above");
+                    *left -= 1;
+                    if let (0, Some(g)) = (*left, grads.get(id)) {
+                        on_final(id, g)?;
                     }
                     continue;
                 }
+                // A node reached only through inputs that got no gradient.
+                let Some(out_grads) = out_grads else {
+                    continue;
+                };
                 let in_grads = backprop::backward(&node.op, &out_grads)?;
                 if in_grads.len() != node.inputs.len() {
                     return Err(Error::Autograd(format!(

@@ -31,6 +31,7 @@ pub mod cuda;
 #[path = "no_cuda.rs"]
 pub mod cuda;
 pub mod device;
+pub mod dist;
 pub mod dtype;
 pub mod op;
 pub mod ops;

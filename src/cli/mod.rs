@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::error::ErrorKind;
 
 pub mod export;
+pub mod launch;
 pub mod plan;
 pub mod quantize;
 pub mod train;

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use mxswitch::files::interrupt;
 use mxswitch::models::flux::RunConfig;
+use mxswitch::runtime::dist::Membership;
 use mxswitch::runtime::{Device, Result};
 use mxswitch::train::{train, Scale, TrainOptions};
 
@@ -67,6 +68,10 @@ pub struct TrainArgs {
     /// Replace a previous run in the output folder.
     #[arg(long)]
     pub overwrite: bool,
+    /// Under `mxswitch launch`: compare the ranks' per-linear recipes every
+    /// N iterations and stop on a mismatch (0: never).
+    #[arg(long, value_name = "N", default_value_t = mxswitch::train::RECIPE_CHECK_EVERY, value_parser = whole_number, allow_negative_numbers = true)]
+    pub recipe_check_every: u64,
 }
 
 /// A whole number for an iteration count or a seed, with a message that
@@ -74,6 +79,19 @@ pub struct TrainArgs {
 fn whole_number(s: &str) -> std::result::Result<u64, String> {
     s.parse()
         .map_err(|_| format!("expected a whole number 0 or more, got `{s}`"))
+}
+
+/// The files a run wrote, or, on a rank other than 0, who writes them.
+fn wrote(summary: &mxswitch::train::TrainSummary, writer: bool) -> String {
+    if !writer {
+        return "rank 0 writes the run's files".into();
+    }
+    format!(
+        "wrote {}, {} and {}",
+        summary.metrics_file.display(),
+        summary.plot.display(),
+        summary.checkpoint.display()
+    )
 }
 
 /// Exit status of a run stopped by Ctrl-C or SIGTERM (128 + SIGINT).
@@ -85,7 +103,9 @@ pub fn run(args: &TrainArgs) -> Result<ExitCode> {
         "rocm" => Device::Rocm(0),
         _ => Device::Cpu,
     };
-    mxswitch::train::check_device(device)?;
+    let dist = Membership::from_env()?;
+    let writer = dist.as_ref().is_none_or(|m| m.rank == 0);
+    mxswitch::train::check_device(dist.as_ref().map_or(device, |m| m.device(device)))?;
     let config = args.config.as_deref().map(RunConfig::load).transpose()?;
     interrupt::install();
     interrupt::set_graceful(true);
@@ -105,16 +125,16 @@ pub fn run(args: &TrainArgs) -> Result<ExitCode> {
         plot_scale: args.plot_scale,
         overwrite: args.overwrite,
         progress: true,
+        dist,
+        recipe_check_every: args.recipe_check_every,
     })?;
     interrupt::set_graceful(false);
     if let Some(next) = summary.interrupted_at {
         match summary.metrics.last() {
             Some(last) => println!(
-                "interrupted after iteration {}: wrote {}, {} and {}; resume with: mxswitch train --resume {} --out {}",
+                "interrupted after iteration {}: {}; resume with: mxswitch train --resume {} --out {}",
                 last.iter,
-                summary.metrics_file.display(),
-                summary.plot.display(),
-                summary.checkpoint.display(),
+                wrote(&summary, writer),
                 summary.checkpoint.display(),
                 args.out.display()
             ),
@@ -130,14 +150,12 @@ pub fn run(args: &TrainArgs) -> Result<ExitCode> {
     }
     if let (Some(first), Some(last)) = (summary.metrics.first(), summary.metrics.last()) {
         println!(
-            "trained iterations {}..={}: loss {:.4} -> {:.4}; wrote {}, {} and {}",
+            "trained iterations {}..={}: loss {:.4} -> {:.4}; {}",
             first.iter,
             last.iter,
             first.loss,
             last.loss,
-            summary.metrics_file.display(),
-            summary.plot.display(),
-            summary.checkpoint.display()
+            wrote(&summary, writer)
         );
     }
     if let Some(report) = mxswitch::runtime::profile::report() {

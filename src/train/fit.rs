@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use mxswitch_runtime::dist::Collective;
 use mxswitch_runtime::lr_schedule::LrSchedule;
 use mxswitch_runtime::module::Parameters;
 use mxswitch_runtime::optim::{clip_grad_factor, optimizer_step_scaled, AdamW};
@@ -20,6 +21,7 @@ use mxswitch_runtime::warmup::warmup;
 use mxswitch_runtime::{no_grad, Device, Error, Result, Tensor};
 
 use super::checkpoint::{read_checkpoint, save_checkpoint, Checkpoint};
+use super::dist;
 use super::metrics::{EvalMetrics, MetricsRow, StepMetrics};
 use super::plot::{self, LossPlot, Scale, Switch};
 use super::progress::Progress;
@@ -118,6 +120,13 @@ pub struct FitOptions {
     pub title: String,
     /// The loss plot's loss axis.
     pub plot_scale: Scale,
+    /// The ranks of a data-parallel run (SPEC section 9): the loss and the
+    /// gradients are averaged over them, and only rank 0 writes files.
+    /// `None` trains alone.
+    pub collective: Option<Box<dyn Collective>>,
+    /// With a collective: compare the ranks' per-linear recipes at every
+    /// iteration that is a multiple of this (0: never).
+    pub recipe_check_every: u64,
 }
 
 /// Evaluation during a run ([`Fit::run_with_eval`]).
@@ -151,6 +160,8 @@ impl FitOptions {
             samples_per_step: 1,
             title: "training loss".into(),
             plot_scale: Scale::Linear,
+            collective: None,
+            recipe_check_every: dist::RECIPE_CHECK_EVERY,
         }
     }
 }
@@ -184,7 +195,9 @@ pub struct FitSummary {
 #[derive(Debug)]
 pub struct Fit {
     opts: FitOptions,
-    out: RunDir,
+    /// The checked output folder; `None` on a rank other than 0, which
+    /// writes nothing.
+    out: Option<RunDir>,
     start: u64,
 }
 
@@ -225,7 +238,11 @@ impl Fit {
             )));
         }
         let resume = opts.resume.as_ref().map(|r| r.path.as_path());
-        let out = RunDir::check(&opts.out, resume, start, opts.overwrite)?;
+        let writes = opts.collective.as_ref().is_none_or(|c| c.rank() == 0);
+        let out = match writes {
+            true => Some(RunDir::check(&opts.out, resume, start, opts.overwrite)?),
+            false => None,
+        };
         Ok(Fit { opts, out, start })
     }
 
@@ -296,22 +313,24 @@ impl Fit {
 
         let clip = opts.clip_norm;
         let hint = &opts.hints.diverged;
+        let mut coll = opts.collective.take();
         let report = warmup(model, opt, &schedule, start, |m, o| {
             let at = Step {
                 iteration: start,
                 warmup: true,
             };
-            train_step(m, o, &mut step, at, clip, hint).map(drop)
+            train_step(m, o, &mut step, at, clip, hint, coll.as_deref_mut()).map(drop)
         })?;
+        let path_of = |f: &str| opts.out.join(f);
         let mut summary = FitSummary {
             metrics: Vec::new(),
             evals: Vec::new(),
             target_reached: None,
             switches: Vec::new(),
             warnings,
-            checkpoint: out.path(run_dir::CHECKPOINT),
-            plot: out.path(run_dir::PLOT),
-            metrics_file: out.path(run_dir::METRICS),
+            checkpoint: path_of(run_dir::CHECKPOINT),
+            plot: path_of(run_dir::PLOT),
+            metrics_file: path_of(run_dir::METRICS),
             interrupted_at: None,
         };
         if interrupt::requested() {
@@ -322,7 +341,8 @@ impl Fit {
         let mut progress = Progress::new(opts.progress, start, iters);
         progress.say(&report.to_string());
 
-        let mut metrics_out = out.open_metrics()?;
+        let mut metrics_out = out.as_ref().map(RunDir::open_metrics).transpose()?;
+        let check_every = opts.recipe_check_every;
         let mut next = start;
         let mut trained = || -> Result<()> {
             for iter in start..iters {
@@ -331,6 +351,11 @@ impl Fit {
                     let line = sw.to_string();
                     progress.say(&line);
                     summary.switches.push(line);
+                }
+                if let Some(c) = coll.as_deref_mut() {
+                    if check_every > 0 && (iter % check_every == 0 || iter == start) {
+                        dist::check_recipes(c, dist::recipe_hash(model), iter)?;
+                    }
                 }
                 if let Some(lr) = lr_at(iter) {
                     opt.set_lr(lr);
@@ -341,7 +366,7 @@ impl Fit {
                     warmup: false,
                 };
                 let (loss, per_element) = timed("step (all of it)", || {
-                    train_step(model, opt, &mut step, at, clip, hint)
+                    train_step(model, opt, &mut step, at, clip, hint, coll.as_deref_mut())
                 })?;
                 let step_time_ms = t0.elapsed().as_secs_f64() * 1e3;
                 if iter == start {
@@ -360,7 +385,9 @@ impl Fit {
                     saved_bytes_per_element: per_element,
                     device_peak_bytes: opts.device.peak_memory_bytes(),
                 };
-                metrics_out.write(&MetricsRow::Step(m.clone()))?;
+                if let Some(w) = metrics_out.as_mut() {
+                    w.write(&MetricsRow::Step(m.clone()))?;
+                }
                 progress.step(&m);
                 summary.metrics.push(m);
                 next = iter + 1;
@@ -376,7 +403,9 @@ impl Fit {
                             recipe: sw.recipe.to_string(),
                             eval_time_ms: t0.elapsed().as_secs_f64() * 1e3,
                         };
-                        metrics_out.write(&MetricsRow::Eval(e.clone()))?;
+                        if let Some(w) = metrics_out.as_mut() {
+                            w.write(&MetricsRow::Eval(e.clone()))?;
+                        }
                         progress.eval(&e);
                         summary.evals.push(e);
                         if ev.target_loss.is_some_and(|t| eval_loss <= t) {
@@ -394,6 +423,10 @@ impl Fit {
         };
         let trained = trained();
         progress.finish();
+        let Some(out) = out else {
+            // A rank other than 0: rank 0 writes the run's files.
+            return trained.map(|()| summary);
+        };
         let all: Vec<&MetricsRow> = out.earlier.iter().collect();
         let (mut steps, mut evals) = (Vec::new(), Vec::new());
         for row in all {
@@ -439,7 +472,8 @@ impl Fit {
 }
 
 /// One optimizer step: `step`'s loss, checked finite, then backward,
-/// clipping and the update. Returns (loss, saved bytes per element).
+/// clipping and the update. Returns (loss, saved bytes per element). With a
+/// collective the loss and the gradients are the means over the ranks.
 fn train_step<M, S>(
     model: &mut M,
     opt: &mut AdamW,
@@ -447,6 +481,7 @@ fn train_step<M, S>(
     at: Step,
     clip_norm: Option<f32>,
     hint: &str,
+    mut coll: Option<&mut (dyn Collective + 'static)>,
 ) -> Result<(f32, f64)>
 where
     M: Parameters,
@@ -454,14 +489,23 @@ where
 {
     let loss = timed("step: forward", || step(model, at))?;
     let saved = loss.saved_bytes();
-    let loss_value = timed("step: loss read back", || loss.to_scalar_f32())?;
+    let mut loss_value = timed("step: loss read back", || loss.to_scalar_f32())?;
+    if let Some(c) = coll.as_deref_mut() {
+        // Every rank sees the same mean, so a divergence stops them all.
+        loss_value = timed("step: loss all-reduce", || dist::mean_loss(c, loss_value))?;
+    }
     if !loss_value.is_finite() {
         return Err(Error::Training(format!(
             "loss is {loss_value} at iteration {}: training diverged; {hint}",
             at.iteration
         )));
     }
-    let grads = timed("step: backward", || loss.backward())?;
+    let grads = match coll {
+        Some(c) => timed("step: backward and gradient all-reduce", || {
+            dist::backward_averaged(c, &loss)
+        })?,
+        None => timed("step: backward", || loss.backward())?,
+    };
     drop(loss);
     timed("step: clip and AdamW", || {
         // The clip factor goes into the AdamW step, which scales each

@@ -8,6 +8,7 @@
 //! the disk); synthetic batches only for a GPU (on the CPU their cost is
 //! compute, which the step's cores do better).
 
+use std::ops::Range;
 use std::path::Path;
 
 use mxswitch_models::flux::{Batch, Flux, RunConfig, SyntheticData};
@@ -16,38 +17,59 @@ use mxswitch_runtime::{DType, Device, Error, Result};
 use super::record::{DataRecord, RunRecord};
 use super::shards::{Role, ShardSet, TrainShards, ValShards};
 
-/// The training batches of a run.
-pub enum TrainData {
+/// Where a run's training samples come from.
+pub enum Source {
     /// Seeded synthetic batches.
     Synthetic(SyntheticData),
     /// Batches from `--data` shards.
     Shards(TrainShards),
 }
 
+/// The training batches of a run, or of one rank of a data-parallel run:
+/// the rank's slice `part` of each global batch (SPEC section 9).
+pub struct TrainData {
+    pub source: Source,
+    pub part: Range<usize>,
+}
+
 impl TrainData {
-    /// The run's data: the shards its record names, or synthetic data.
-    pub fn of(run: &RunRecord) -> Result<TrainData> {
+    /// The run's data for `rank` of `world` ranks: the shards its record
+    /// names, or synthetic data. The config's batch is the global batch;
+    /// rank r takes samples r B/W .. (r+1) B/W of it.
+    pub fn of(run: &RunRecord, rank: usize, world: usize) -> Result<TrainData> {
         let cfg = &run.config;
-        Ok(match &run.data {
-            None => TrainData::Synthetic(SyntheticData::new(&cfg.model, &cfg.data, run.seed)),
+        let b = cfg.data.batch;
+        if b % world != 0 {
+            return Err(Error::InvalidOption(format!(
+                "data.batch {b} is the global batch, split evenly over {world} ranks: make it a multiple of {world}"
+            )));
+        }
+        let source = match &run.data {
+            None => Source::Synthetic(SyntheticData::new(&cfg.model, &cfg.data, run.seed)),
             Some(rec) => {
                 let set = open_recorded(rec, cfg)?;
-                TrainData::Shards(TrainShards::new(set, run.seed, cfg.data.batch)?)
+                Source::Shards(TrainShards::new(set, run.seed, b)?)
             }
+        };
+        let per = b / world;
+        Ok(TrainData {
+            source,
+            part: rank * per..(rank + 1) * per,
         })
     }
 
-    /// The batch of iteration `iter`.
+    /// This rank's part of the batch of iteration `iter`.
     pub fn batch(&self, iter: u64, act: DType) -> Result<Batch> {
-        match self {
-            TrainData::Synthetic(d) => d.batch(iter, act),
-            TrainData::Shards(d) => d.batch(iter, act),
+        let part = self.part.clone();
+        match &self.source {
+            Source::Synthetic(d) => d.batch_part(iter, act, part),
+            Source::Shards(d) => d.batch_part(iter, act, part),
         }
     }
 
     /// Whether batches are built ahead on a helper thread.
     fn read_ahead(&self, device: Device) -> bool {
-        matches!(self, TrainData::Shards(_)) || device != Device::Cpu
+        matches!(self.source, Source::Shards(_)) || device != Device::Cpu
     }
 }
 

@@ -41,6 +41,11 @@
 //! [`Fit::run`] split the call in two, so that a caller can check the
 //! folder before it allocates a large model.
 //!
+//! With a [`FitOptions::collective`] the loop is one rank of a data-parallel
+//! run (SPEC section 9): the loss and the gradients are averaged over the
+//! ranks after backward, the ranks' recipes are compared every
+//! [`FitOptions::recipe_check_every`] iterations, and only rank 0 writes.
+//!
 //! # Flux
 //!
 //! [`train`] is rectified flow on seeded synthetic data, AdamW with
@@ -51,6 +56,7 @@
 
 mod bfl_file;
 mod checkpoint;
+mod dist;
 mod fit;
 mod flux_data;
 mod memory;
@@ -59,11 +65,13 @@ mod plot;
 mod progress;
 mod record;
 mod run_dir;
+mod sharding;
 pub mod shards;
 
 use std::path::{Path, PathBuf};
 
 use mxswitch_models::flux::{Batch, Flux, FluxInput, RunConfig};
+use mxswitch_runtime::dist::Membership;
 use mxswitch_runtime::module::{allocate, try_visit_params};
 use mxswitch_runtime::ops::mse_loss;
 use mxswitch_runtime::optim::{AdamW, AdamWConfig};
@@ -73,10 +81,12 @@ use mxswitch_runtime::{DType, Device, Error, Result, Tensor};
 
 pub use bfl_file::{export, ExportDType, FluxWeights};
 pub use checkpoint::{parse_checkpoint, read_checkpoint, save_checkpoint, Checkpoint};
+pub use dist::{recipe_hash, RECIPE_CHECK_EVERY};
 pub use fit::{fit, Eval, Fit, FitOptions, FitSummary, Hints, Resume, Step};
 pub use metrics::{EvalMetrics, MetricsRow, StepMetrics};
 pub use plot::Scale;
 pub use record::{DataRecord, RunFlags, RunRecord};
+pub use sharding::{sharded_memory, ShardedMemory};
 
 use flux_data::{with_batches, TrainData};
 
@@ -120,8 +130,13 @@ pub struct TrainOptions {
     pub plot_scale: Scale,
     /// Replace a previous run in `out`.
     pub overwrite: bool,
-    /// Show a progress bar (off in tests).
+    /// Show a progress bar (off in tests; only rank 0 shows one).
     pub progress: bool,
+    /// This process's place in a data-parallel run (`mxswitch launch`
+    /// sets it); `None` trains alone.
+    pub dist: Option<Membership>,
+    /// Compare the ranks' per-linear recipes every this many iterations.
+    pub recipe_check_every: u64,
 }
 
 impl TrainOptions {
@@ -144,6 +159,8 @@ impl TrainOptions {
             plot_scale: Scale::Linear,
             overwrite: false,
             progress: false,
+            dist: None,
+            recipe_check_every: dist::RECIPE_CHECK_EVERY,
         }
     }
 }
@@ -303,6 +320,16 @@ fn title_of(cfg: &RunConfig, schedule: &Schedule) -> String {
 }
 
 fn train_in_pool(opts: &TrainOptions) -> Result<TrainSummary> {
+    // A rank trains on its own device of the kind asked for.
+    let device = match &opts.dist {
+        Some(m) => m.device(opts.device),
+        None => opts.device,
+    };
+    let opts = &TrainOptions {
+        device,
+        progress: opts.progress && opts.dist.as_ref().is_none_or(|m| m.rank == 0),
+        ..opts.clone()
+    };
     check_device(opts.device)?;
     check_eval_flags(opts)?;
     let (run, resume) = resolve_run(opts)?;
@@ -331,7 +358,16 @@ fn train_in_pool(opts: &TrainOptions) -> Result<TrainSummary> {
         (Some(path), None) => Some(FluxWeights::read(path, &cfg.model)?),
         (None, _) => None,
     };
-    let data = TrainData::of(&run)?;
+    let (rank, world) = opts
+        .dist
+        .as_ref()
+        .map_or((0, 1), |m| (m.rank, m.world_size));
+    let data = TrainData::of(&run, rank, world)?;
+    let collective = opts
+        .dist
+        .as_ref()
+        .map(|m| m.join(opts.device))
+        .transpose()?;
     let record = serde_json::to_string(&run)
         .map_err(|e| Error::InvalidOption(format!("the run record: {e}")))?;
     let fit = Fit::prepare(FitOptions {
@@ -352,6 +388,8 @@ fn train_in_pool(opts: &TrainOptions) -> Result<TrainSummary> {
         samples_per_step: cfg.data.batch as u64,
         title: title_of(cfg, &schedule),
         plot_scale: opts.plot_scale,
+        collective,
+        recipe_check_every: opts.recipe_check_every,
     })?;
     let start = fit.start();
 
@@ -404,7 +442,9 @@ mod tests {
     fn tiny_data() -> (TrainData, RunConfig) {
         let cfg = RunConfig::load("flux-tiny").expect("built-in config");
         let data = mxswitch_models::flux::SyntheticData::new(&cfg.model, &cfg.data, 7);
-        (TrainData::Synthetic(data), cfg)
+        let part = 0..cfg.data.batch;
+        let source = flux_data::Source::Synthetic(data);
+        (TrainData { source, part }, cfg)
     }
 
     fn same(a: &Batch, b: &Batch) -> bool {

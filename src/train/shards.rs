@@ -745,6 +745,12 @@ impl TrainShards {
     /// drawn from (seed, position), so the batch depends only on
     /// (seed, step) and resume is bit-identical.
     pub fn batch(&self, step: u64, act: DType) -> Result<Batch> {
+        self.batch_part(step, act, 0..self.batch)
+    }
+
+    /// The samples `part` of step `step`'s batch: a data-parallel rank's
+    /// share, the same samples whichever rank reads them.
+    pub fn batch_part(&self, step: u64, act: DType, part: std::ops::Range<usize>) -> Result<Batch> {
         let b = self.batch as u64;
         let first = step
             .checked_mul(b)
@@ -753,8 +759,9 @@ impl TrainShards {
                 Error::InvalidOption(format!("step {step} is past the end of the data stream"))
             })?;
         let mut reader = Reader::new(&self.set);
-        let mut out = self.set.builder(act, self.batch);
-        for pos in first..first + b {
+        let mut out = self.set.builder(act, part.len());
+        let end = first + (part.end as u64).min(b);
+        for pos in first + part.start as u64..end {
             let sample = reader.sample(self.sample_at(pos))?;
             let mut rng = SplitMix64::new(mix(self.seed, TRAIN_NOISE_DOMAIN, pos));
             let t = rng.next_f64() as f32;

@@ -131,6 +131,14 @@ impl SyntheticData {
     /// The batch of training step `step`, in activation dtype `act` (the
     /// target stays f32: the loss is computed in f32).
     pub fn batch(&self, step: u64, act: DType) -> Result<Batch> {
+        self.batch_part(step, act, 0..self.data.batch)
+    }
+
+    /// The samples `part` of step `step`'s batch, as [`SyntheticData::batch`]
+    /// would hold them: a data-parallel rank's share of the global batch.
+    /// The samples before `part` are drawn and dropped, so that every
+    /// sample is the same whichever rank builds it.
+    pub fn batch_part(&self, step: u64, act: DType, part: std::ops::Range<usize>) -> Result<Batch> {
         let d = &self.data;
         let n = d.latent_channels * d.latent_height * d.latent_width;
         let mut rng = SplitMix64::new(
@@ -139,9 +147,9 @@ impl SyntheticData {
                 .wrapping_add(step)
                 .wrapping_mul(0xD134_2543_DE82_EF95),
         );
-        let mut out = BatchBuilder::new(d, self.context, self.vec_dim, act, d.batch);
+        let mut out = BatchBuilder::new(d, self.context, self.vec_dim, act, part.len());
         let (mut x0, mut noise) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        for _ in 0..d.batch {
+        for i in 0..part.end.min(d.batch) {
             let class = (rng.next_u64() % CLASSES as u64) as usize;
             let t = rng.next_f64() as f32;
             // Drawn interleaved, one deviation then one noise value per element.
@@ -150,6 +158,9 @@ impl SyntheticData {
             for &p in &self.patterns[class] {
                 x0.push(p + SAMPLE_NOISE * rng.normal());
                 noise.push(rng.normal());
+            }
+            if i < part.start {
+                continue;
             }
             let txt = match act {
                 DType::BF16 => TextTokens::Bf16(&self.texts_bf16[class]),

@@ -51,6 +51,7 @@ pub mod gemm_path;
 pub mod hip;
 pub mod hipblaslt;
 pub mod hiprtc;
+pub mod rccl;
 
 use std::path::PathBuf;
 
