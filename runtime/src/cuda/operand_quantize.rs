@@ -100,7 +100,11 @@ where
 {
     let (kept, now): (Vec<_>, Vec<_>) = reqs.iter().partition(|r| keep(r));
     let mut passes: Vec<Nvfp4Pass> = Vec::new();
-    for (is_keep, &(slot, cfg, along)) in kept.into_iter().map(|r| (true, r)).chain(now.into_iter().map(|r| (false, r))) {
+    for (is_keep, &(slot, cfg, along)) in kept
+        .into_iter()
+        .map(|r| (true, r))
+        .chain(now.into_iter().map(|r| (false, r)))
+    {
         let d = along_index(along);
         let outputs = Nvfp4Outputs {
             codes: is_keep,
@@ -316,7 +320,13 @@ impl CudaStorage {
             ctx.defer_finite_check(q.amax_ptr(), name)?;
             let q = Arc::new(q);
             for slot in d.slots {
-                out.put(slot, CudaOperand::Nvfp4 { q: q.clone(), along });
+                out.put(
+                    slot,
+                    CudaOperand::Nvfp4 {
+                        q: q.clone(),
+                        along,
+                    },
+                );
             }
         }
         Ok(())

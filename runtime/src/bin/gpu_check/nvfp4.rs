@@ -230,7 +230,10 @@ fn compare_pair(
             describe(r, Along::Rows)
         )
     };
-    let (gc, gr) = (gc.ok_or("no copy along cols")?, gr.ok_or("no copy along rows")?);
+    let (gc, gr) = (
+        gc.ok_or("no copy along cols")?,
+        gr.ok_or("no copy along rows")?,
+    );
     check_dir(ctx, &gc, x, dims, Along::Cols, c).map_err(pair)?;
     check_dir(ctx, &gr, x, dims, Along::Rows, r).map_err(pair)
 }

@@ -133,7 +133,10 @@ pub fn bench_quantizers(ctx: &CudaContext, rep: &mut Report) {
                 Box::new(|| gpu(ctx.quantize_fp8_of(&xf, DType::F32, n, e4, false)).map(|_| ())),
             ),
         ];
-        let jobs: Vec<Job> = jobs.into_iter().chain(nvfp4_jobs(ctx, (&xb, &xf), (rows, cols))).collect();
+        let jobs: Vec<Job> = jobs
+            .into_iter()
+            .chain(nvfp4_jobs(ctx, (&xb, &xf), (rows, cols)))
+            .collect();
         let mut copy_ms = 0.0;
         let mut summary = Vec::new();
         for (name, f) in &jobs {
@@ -224,7 +227,8 @@ fn nvfp4_jobs<'a>(
             (_, _, true) => "nvfp4_dy_both_sr_bf16",
             _ => "nvfp4_x_both_bf16",
         };
-        let f = move || gpu(ctx.quantize_nvfp4_2d((x, dtype), dims, [Some(c), Some(r)])).map(|_| ());
+        let f =
+            move || gpu(ctx.quantize_nvfp4_2d((x, dtype), dims, [Some(c), Some(r)])).map(|_| ());
         (name, Box::new(f))
     };
     vec![
@@ -259,14 +263,17 @@ fn nvfp4_exact(
     };
     let x = (xb, DType::BF16);
     let plain = Nvfp4Config::default();
-    let [gc, gr] = gpu(ctx.quantize_nvfp4_2d(x, (rows, cols), [Some((plain, out)), Some((had, out))]))?;
+    let [gc, gr] =
+        gpu(ctx.quantize_nvfp4_2d(x, (rows, cols), [Some((plain, out)), Some((had, out))]))?;
     let one = gpu(ctx.quantize_nvfp4(x, (rows, cols), Along::Cols, &plain, out))?;
     let cpu_c = quantize_nvfp4_rows(xw, rows, cols, &plain).map_err(|e| e.to_string())?;
     let cpu_r = quantize_nvfp4(xw, &[rows, cols], 0, &had).map_err(|e| e.to_string())?;
     let mut bad = Vec::new();
     let same = |g: &Nvfp4Device, c: &Nvfp4Tensor, along| -> Result<bool, String> {
         let t = gpu(g.to_tensor(ctx, along))?;
-        Ok(t.codes == c.codes && t.scales == c.scales && t.tensor_scale.to_bits() == c.tensor_scale.to_bits())
+        Ok(t.codes == c.codes
+            && t.scales == c.scales
+            && t.tensor_scale.to_bits() == c.tensor_scale.to_bits())
     };
     let gc = gc.ok_or("no NVFP4 copy along cols")?;
     let gr = gr.ok_or("no NVFP4 copy along rows")?;
