@@ -133,25 +133,7 @@ __device__ __forceinline__ void nvfp4_tile(const void* __restrict__ x, u32 rows,
     const u32 row0 = blockIdx.y * NV_SLAB;
     const u32 col0 = blockIdx.x * NV_SLAB;
     if (threadIdx.x < 2) cta_amax[threadIdx.x] = 0u;
-    if (cols % In::VEC == 0) {
-        // 16-byte loads: rows start 16-byte aligned when cols is a multiple of the vector.
-        constexpr u32 VPR = NV_SLAB / In::VEC;  // vectors per slab row
-        for (u32 i = threadIdx.x; i < NV_SLAB * VPR; i += NV_THREADS) {
-            const u32 r = i / VPR, c = (i % VPR) * In::VEC;
-            const bool in = row0 + r < rows && col0 + c < cols;
-            Vec16 q = {{0u, 0u, 0u, 0u}};
-            if (in) q = In::load_vec(x, (u64)(row0 + r) * cols + col0 + c);
-#pragma unroll
-            for (int k = 0; k < In::VEC; ++k) slab[r * NV_STRIDE + c + k] = in ? In::elem(q, k) : 0.0f;
-        }
-    } else {
-        for (u32 i = threadIdx.x; i < NV_SLAB * NV_SLAB; i += NV_THREADS) {
-            const u32 r = i / NV_SLAB, c = i % NV_SLAB;
-            float v = 0.0f;
-            if (row0 + r < rows && col0 + c < cols) v = In::load(x, (u64)(row0 + r) * cols + col0 + c);
-            slab[r * NV_STRIDE + c] = v;
-        }
-    }
+    load_slab<In, NV_SLAB, NV_SLAB, NV_STRIDE>(x, rows, cols, row0, col0, slab);
     __syncthreads();
     const u32 lane = threadIdx.x % NV_SLAB;  // slab row (along cols) or column (along rows)
     const u32 k = threadIdx.x / NV_SLAB;     // block column or block row in the slab
