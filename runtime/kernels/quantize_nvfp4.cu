@@ -33,7 +33,8 @@
 //   s = clamp(fl32(fl32(a / 6) / t), 2^-6, 448) -> E4M3FN byte, s_q its value
 //   r = fl32(fl32(1 / t) / s_q); code = E2M1(clamp(fl32(v * r), -6, 6)), RNE or SR
 //
-// A CTA stages a 64x64 slab (four 16x16 tiles each way) in shared memory.
+// A CTA stages a 64x64 slab (four 16x16 tiles each way) in shared memory
+// (load_slab of common.cuh).
 // Along the columns thread i owns the block of slab row i % 64, block column
 // i / 64; along the rows, that of slab column i % 64, block row i / 64. A
 // warp so reads 32 rows (columns) of the odd-strided slab without bank
@@ -128,7 +129,7 @@ template <class In>
 __device__ __forceinline__ void nvfp4_tile(const void* __restrict__ x, u32 rows, u32 cols, const NvDir& cd,
                                            const NvDir& rd, int tile2d, int phase) {
     __shared__ float slab[NV_SLAB * NV_STRIDE];
-    __shared__ u32 block_amax[NV_THREADS];
+    __shared__ u32 block_amax[2][NV_THREADS];
     __shared__ u32 cta_amax[2];
     const u32 row0 = blockIdx.y * NV_SLAB;
     const u32 col0 = blockIdx.x * NV_SLAB;
@@ -151,18 +152,14 @@ __device__ __forceinline__ void nvfp4_tile(const void* __restrict__ x, u32 rows,
         }
         if (d.hadamard) hadamard16(v);
         u32 a = amax_bits<NV_BLOCK>(v);
-        if (phase == NV_PHASE_AMAX) {
-            atomicMax(&cta_amax[dir], a);
-            continue;
-        }
+        if (phase == NV_PHASE_AMAX || tile2d) block_amax[dir][threadIdx.x] = a;
+        if (phase == NV_PHASE_AMAX) continue;
         if (tile2d) {
             // The tile's 16 blocks are threads 16j .. 16j + 15 (zero past the matrix).
-            block_amax[threadIdx.x] = a;
             __syncthreads();
-            const u32* tb = block_amax + (threadIdx.x & ~(u32)(NV_BLOCK - 1));
+            const u32* tb = block_amax[dir] + (threadIdx.x & ~(u32)(NV_BLOCK - 1));
 #pragma unroll
             for (int i = 0; i < NV_BLOCK; ++i) a = tb[i] > a ? tb[i] : a;
-            __syncthreads();
         }
         // This block in the direction's view.
         const u32 vrows = dir == 0 ? rows : cols, len = dir == 0 ? cols : rows;
@@ -187,6 +184,16 @@ __device__ __forceinline__ void nvfp4_tile(const void* __restrict__ x, u32 rows,
         if (d.deq) nv_store_deq(d.deq, b * NV_BLOCK, w, sq);
     }
     if (phase == NV_PHASE_AMAX) {
+        // The CTA's max per direction: 16 threads each, then one atomic each
+        // (a direction skipped above reduces stale values, never used).
+        __syncthreads();
+        if (threadIdx.x < 2 * NV_BLOCK) {
+            const u32* p = block_amax[threadIdx.x / NV_BLOCK] + threadIdx.x % NV_BLOCK;
+            u32 m = 0u;
+#pragma unroll
+            for (int i = 0; i < NV_THREADS / NV_BLOCK; ++i) m = p[i * NV_BLOCK] > m ? p[i * NV_BLOCK] : m;
+            atomicMax(&cta_amax[threadIdx.x / NV_BLOCK], m);
+        }
         __syncthreads();
         if (threadIdx.x == 0 && cd.state) atomicMax(&cd.state[NV_AMAX], cta_amax[0]);
         if (threadIdx.x == 1 && rd.state) atomicMax(&rd.state[NV_AMAX], cta_amax[same_amax ? 0 : 1]);

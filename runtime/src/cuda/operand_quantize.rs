@@ -395,3 +395,50 @@ impl CudaStorage {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slots(p: &Nvfp4Pass) -> [Option<(Vec<usize>, bool)>; 2] {
+        p.each_ref()
+            .map(|d| d.as_ref().map(|d| (d.slots.clone(), d.outputs.codes)))
+    }
+
+    /// The linear's requests: x (its operand along the columns, its kept
+    /// Hadamard copy along the rows) and dy (two SR operands) take one pass
+    /// each; identical `now` copies share a direction; a kept copy never
+    /// shares one with `now` copies, and tilings never share a pass.
+    #[test]
+    fn nvfp4_requests_group_into_two_direction_passes() {
+        let plain = Nvfp4Config::default();
+        let had = Nvfp4Config {
+            hadamard: true,
+            ..plain
+        };
+        let tiles = Nvfp4Config {
+            tile2d: true,
+            ..plain
+        };
+        let x = [(0, plain, Along::Cols), (1, had, Along::Rows)];
+        let p = nvfp4_passes(&x, |r| r.0 == 1);
+        assert_eq!(p.len(), 1);
+        assert_eq!(
+            slots(&p[0]),
+            [Some((vec![0], false)), Some((vec![1], true))]
+        );
+
+        let same = [
+            (0, plain, Along::Cols),
+            (1, plain, Along::Cols),
+            (2, plain, Along::Cols),
+        ];
+        let p = nvfp4_passes(&same, |r| r.0 == 2);
+        assert_eq!(p.len(), 2);
+        assert_eq!(slots(&p[0]), [Some((vec![2], true)), None]);
+        assert_eq!(slots(&p[1]), [Some((vec![0, 1], false)), None]);
+
+        let mixed = [(0, plain, Along::Cols), (1, tiles, Along::Rows)];
+        assert_eq!(nvfp4_passes(&mixed, |_| false).len(), 2);
+    }
+}
