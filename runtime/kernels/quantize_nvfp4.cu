@@ -38,7 +38,8 @@
 // Along the columns thread i owns the block of slab row i % 64, block column
 // i / 64; along the rows, that of slab column i % 64, block row i / 64. A
 // warp so reads 32 rows (columns) of the odd-strided slab without bank
-// conflicts, and the 16 threads of a 16x16 tile are consecutive.
+// conflicts, and the 16 threads of a 16x16 tile are consecutive. The outputs
+// go through a shared-memory stage (NvStage) so that their stores coalesce.
 
 #define NV_BLOCK 16
 #define NV_SLAB 64
@@ -81,9 +82,9 @@ __device__ __forceinline__ u32 nv_scale_byte(float a, float t) {
     return encode_rne<E4M3FN>(clamp_keep_nan(s, 0.015625f, 448.0f));
 }
 
-// Writes block b's 16 BF16 values decode(code) * s_q (two words of codes).
-__device__ __forceinline__ void nv_store_deq(u16* deq, u64 off, const u32* w, float sq) {
-    Vec16 o[2];
+// Block b's 16 BF16 values decode(code) * s_q (from its two words of codes)
+// as two 16-byte vectors.
+__device__ __forceinline__ void nv_deq_words(const u32* w, float sq, Vec16* o) {
 #pragma unroll
     for (int i = 0; i < NV_BLOCK; i += 2) {
         const u32 c0 = (w[i / 8] >> (4 * (i % 8))) & 0xFu;
@@ -91,25 +92,70 @@ __device__ __forceinline__ void nv_store_deq(u16* deq, u64 off, const u32* w, fl
         o[i / 8].w[(i % 8) / 2] =
             (u32)bf16_from_f32(decode<E2M1>(c0) * sq) | ((u32)bf16_from_f32(decode<E2M1>(c1) * sq) << 16);
     }
-    Vec16* out = (Vec16*)(deq + off);
-    out[0] = o[0];
-    out[1] = o[1];
+}
+
+// A slab's outputs of one direction, staged in shared memory so that the
+// stores to global memory are coalesced: a thread's own block is 8 bytes of
+// codes, 1 scale byte and 32 bytes of BF16 at a view-row stride, so storing
+// it directly would cost one L2 request per 1 to 16 bytes. Slab row i (a view
+// row) holds the slab's NV_SPR blocks of that row.
+#define NV_SPR (NV_SLAB / NV_BLOCK)
+#define NV_CODE_STRIDE (2 * NV_SPR + 1)     // words per staged row of codes (odd: no bank conflicts)
+#define NV_DEQ_STRIDE (2 * NV_SPR + 1)      // 16-byte vectors per staged row of BF16
+struct NvStage {
+    Vec16 deq[NV_SLAB * NV_DEQ_STRIDE];
+    u32 codes[NV_SLAB * NV_CODE_STRIDE];
+    u8 scales[NV_SLAB * NV_SPR];
+};
+
+// Writes the staged outputs of view rows vrow0 .. vrow0 + 63 (those below
+// vrows), blocks kb0 .. kb0 + NV_SPR - 1 (those below nb), of direction d:
+// consecutive threads write consecutive bytes of a view row.
+__device__ __forceinline__ void nv_store_stage(const NvDir& d, const NvStage& st, u64 vrow0, u32 vrows, u32 kb0,
+                                               u32 nb) {
+    const u32 nrows = vrows - vrow0 < NV_SLAB ? (u32)(vrows - vrow0) : NV_SLAB;
+    const u32 nblk = nb - kb0 < NV_SPR ? nb - kb0 : NV_SPR;
+    // One (row, block) of codes and scales per thread: NV_THREADS = 64 rows x NV_SPR.
+    const u32 r = threadIdx.x / NV_SPR, j = threadIdx.x % NV_SPR;
+    if (r < nrows && j < nblk) {
+        const u64 b = (vrow0 + r) * nb + kb0 + j;
+        d.scales[b] = st.scales[threadIdx.x];
+        if (d.codes) {
+            const u32* c = st.codes + r * NV_CODE_STRIDE + 2 * j;
+            *(u64*)(d.codes + b * (NV_BLOCK / 2)) = (u64)c[0] | ((u64)c[1] << 32);
+        }
+    }
+    if (!d.deq) return;
+    // Half blocks (8 BF16, 16 bytes) of the BF16 operand.
+    for (u32 h = threadIdx.x; h < NV_SLAB * 2 * NV_SPR; h += NV_THREADS) {
+        const u32 hr = h / (2 * NV_SPR), hj = h % (2 * NV_SPR);
+        if (hr >= nrows || hj / 2 >= nblk) continue;
+        const u64 off = (vrow0 + hr) * ((u64)nb * NV_BLOCK) + (u64)kb0 * NV_BLOCK + hj * (NV_BLOCK / 2);
+        *(Vec16*)(d.deq + off) = st.deq[hr * NV_DEQ_STRIDE + hj];
+    }
 }
 
 // The packed codes of block b at r = fl32(fl32(1 / t) / s_q) (nvfp4.rs,
 // encode_blocks_with), RNE or stochastically with element i of the padded
 // layout taking word i % 4 of philox([i / 4, step, tensor_id], seed).
 __device__ __forceinline__ void nv_encode(const float* v, float r, const NvDir& d, u64 b, u32* w) {
-    u32 c[NV_BLOCK];
     if (d.sr) {
+        // Packed as pack_codes packs them, group by group (fewer live registers).
+        w[0] = w[1] = 0u;
 #pragma unroll
         for (int g = 0; g < NV_BLOCK / 4; ++g) {
             u32 rw[4];
             sr_words(d.key, b * (NV_BLOCK / 4) + (u64)g, rw);
 #pragma unroll
-            for (int q = 0; q < 4; ++q) c[4 * g + q] = encode_sr<E2M1>(clamp_keep_nan(v[4 * g + q] * r, -6.0f, 6.0f), rw[q]);
+            for (int q = 0; q < 4; ++q) {
+                const int i = 4 * g + q;
+                w[i / 8] |= encode_sr<E2M1>(clamp_keep_nan(v[i] * r, -6.0f, 6.0f), rw[q]) << (4 * (i % 8));
+            }
         }
-    } else if ((f2u(r) & 0x7F800000u) != 0x7F800000u) {
+        return;
+    }
+    u32 c[NV_BLOCK];
+    if ((f2u(r) & 0x7F800000u) != 0x7F800000u) {
         // r finite and every x finite (A passed), so every product is finite
         // and the fast encoder, which saturates at 6, gives encode_rne's bits.
         float q[NV_BLOCK];
@@ -131,6 +177,7 @@ __device__ __forceinline__ void nvfp4_tile(const void* __restrict__ x, u32 rows,
     __shared__ float slab[NV_SLAB * NV_STRIDE];
     __shared__ u32 block_amax[2][NV_THREADS];
     __shared__ u32 cta_amax[2];
+    __shared__ NvStage stage;
     const u32 row0 = blockIdx.y * NV_SLAB;
     const u32 col0 = blockIdx.x * NV_SLAB;
     if (threadIdx.x < 2) cta_amax[threadIdx.x] = 0u;
@@ -163,25 +210,27 @@ __device__ __forceinline__ void nvfp4_tile(const void* __restrict__ x, u32 rows,
         }
         // This block in the direction's view.
         const u32 vrows = dir == 0 ? rows : cols, len = dir == 0 ? cols : rows;
-        const u64 vrow = dir == 0 ? row0 + lane : col0 + lane;
-        const u32 kb = (dir == 0 ? col0 : row0) / NV_BLOCK + k;
+        const u64 vrow0 = dir == 0 ? row0 : col0;
+        const u32 kb0 = (dir == 0 ? col0 : row0) / NV_BLOCK;
         const u32 nb = (len + NV_BLOCK - 1) / NV_BLOCK;
-        if (vrow >= vrows || kb >= nb) continue;
-        const u64 b = vrow * nb + kb;
-        const float t = nv_tensor_scale(d.state);
-        if (b == 0) d.state[NV_T] = f2u(t);
-        const u32 byte = nv_scale_byte(u2f(a), t);
-        const float sq = decode<E4M3FN>(byte);
-        const float r = 1.0f / t / sq;
-        u32 w[2];
-        nv_encode(v, r, d, b, w);
-        if (d.scales) d.scales[b] = (u8)byte;
-        if (d.codes) {
-            u32* out = (u32*)(d.codes + b * (NV_BLOCK / 2));
-            out[0] = w[0];
-            out[1] = w[1];
+        if (vrow0 + lane < vrows && kb0 + k < nb) {
+            const u64 b = (vrow0 + lane) * nb + kb0 + k;
+            const float t = nv_tensor_scale(d.state);
+            if (b == 0) d.state[NV_T] = f2u(t);
+            const u32 byte = nv_scale_byte(u2f(a), t);
+            const float sq = decode<E4M3FN>(byte);
+            const float r = 1.0f / t / sq;
+            u32 w[2];
+            nv_encode(v, r, d, b, w);
+            stage.scales[lane * NV_SPR + k] = (u8)byte;
+            stage.codes[lane * NV_CODE_STRIDE + 2 * k] = w[0];
+            stage.codes[lane * NV_CODE_STRIDE + 2 * k + 1] = w[1];
+            if (d.deq) nv_deq_words(w, sq, stage.deq + lane * NV_DEQ_STRIDE + 2 * k);
         }
-        if (d.deq) nv_store_deq(d.deq, b * NV_BLOCK, w, sq);
+        __syncthreads();
+        nv_store_stage(d, stage, vrow0, vrows, kb0, nb);
+        // The next direction reuses the stage.
+        __syncthreads();
     }
     if (phase == NV_PHASE_AMAX) {
         // The CTA's max per direction: 16 threads each, then one atomic each
@@ -207,11 +256,17 @@ extern "C" __global__ void __launch_bounds__(256) dequantize_nvfp4(const u8* cod
     if (b >= nblocks) return;
     const u32* in = (const u32*)(codes + (u64)b * (NV_BLOCK / 2));
     const u32 w[2] = {in[0], in[1]};
-    nv_store_deq(deq, (u64)b * NV_BLOCK, w, decode<E4M3FN>(scales[b]));
+    Vec16 o[2];
+    nv_deq_words(w, decode<E4M3FN>(scales[b]), o);
+    Vec16* out = (Vec16*)(deq + (u64)b * NV_BLOCK);
+    out[0] = o[0];
+    out[1] = o[1];
 }
 
+// Five CTAs an SM (46 registers): unbounded, ptxas spends 118 registers on
+// the unrolled Philox rounds and fits two.
 #define NVFP4_TILE_KERNEL(SUFFIX, IN)                                                                   \
-    extern "C" __global__ void __launch_bounds__(NV_THREADS) nvfp4_tile_##SUFFIX(                        \
+    extern "C" __global__ void __launch_bounds__(NV_THREADS, 5) nvfp4_tile_##SUFFIX(                     \
         const void* x, u32 rows, u32 cols, NvDir cd, NvDir rd, int tile2d, int phase) {                \
         nvfp4_tile<IN>(x, rows, cols, cd, rd, tile2d, phase);                                           \
     }
