@@ -82,16 +82,16 @@ __device__ __forceinline__ u32 nv_scale_byte(float a, float t) {
     return encode_rne<E4M3FN>(clamp_keep_nan(s, 0.015625f, 448.0f));
 }
 
-// Block b's 16 BF16 values decode(code) * s_q (from its two words of codes)
-// as two 16-byte vectors.
-__device__ __forceinline__ void nv_deq_words(const u32* w, float sq, Vec16* o) {
+// Eight BF16 values decode(code) * s_q from one word of codes (half a block).
+__device__ __forceinline__ Vec16 nv_deq_half(u32 w, float sq) {
+    Vec16 o;
 #pragma unroll
-    for (int i = 0; i < NV_BLOCK; i += 2) {
-        const u32 c0 = (w[i / 8] >> (4 * (i % 8))) & 0xFu;
-        const u32 c1 = (w[i / 8] >> (4 * (i % 8 + 1))) & 0xFu;
-        o[i / 8].w[(i % 8) / 2] =
-            (u32)bf16_from_f32(decode<E2M1>(c0) * sq) | ((u32)bf16_from_f32(decode<E2M1>(c1) * sq) << 16);
+    for (int i = 0; i < 8; i += 2) {
+        const u32 c0 = (w >> (4 * i)) & 0xFu;
+        const u32 c1 = (w >> (4 * (i + 1))) & 0xFu;
+        o.w[i / 2] = (u32)bf16_from_f32(decode<E2M1>(c0) * sq) | ((u32)bf16_from_f32(decode<E2M1>(c1) * sq) << 16);
     }
+    return o;
 }
 
 // A slab's outputs of one direction, staged in shared memory so that the
@@ -225,7 +225,10 @@ __device__ __forceinline__ void nvfp4_tile(const void* __restrict__ x, u32 rows,
             stage.scales[lane * NV_SPR + k] = (u8)byte;
             stage.codes[lane * NV_CODE_STRIDE + 2 * k] = w[0];
             stage.codes[lane * NV_CODE_STRIDE + 2 * k + 1] = w[1];
-            if (d.deq) nv_deq_words(w, sq, stage.deq + lane * NV_DEQ_STRIDE + 2 * k);
+            if (d.deq) {
+                stage.deq[lane * NV_DEQ_STRIDE + 2 * k] = nv_deq_half(w[0], sq);
+                stage.deq[lane * NV_DEQ_STRIDE + 2 * k + 1] = nv_deq_half(w[1], sq);
+            }
         }
         __syncthreads();
         nv_store_stage(d, stage, vrow0, vrows, kb0, nb);
@@ -249,18 +252,14 @@ __device__ __forceinline__ void nvfp4_tile(const void* __restrict__ x, u32 rows,
     }
 }
 
-// The GEMM operand of kept codes: deq[b * 16 + i] = BF16(decode(code) * s_q).
+// The GEMM operand of kept codes: deq[b * 16 + i] = BF16(decode(code) * s_q),
+// one thread per half block (word h of the codes, 16 bytes of BF16), so that
+// consecutive threads store consecutive 16 bytes.
 extern "C" __global__ void __launch_bounds__(256) dequantize_nvfp4(const u8* codes, const u8* scales, u16* deq,
-                                                                   u32 nblocks) {
-    const u32 b = blockIdx.x * 256 + threadIdx.x;
-    if (b >= nblocks) return;
-    const u32* in = (const u32*)(codes + (u64)b * (NV_BLOCK / 2));
-    const u32 w[2] = {in[0], in[1]};
-    Vec16 o[2];
-    nv_deq_words(w, decode<E4M3FN>(scales[b]), o);
-    Vec16* out = (Vec16*)(deq + (u64)b * NV_BLOCK);
-    out[0] = o[0];
-    out[1] = o[1];
+                                                                   u32 halves) {
+    const u32 h = blockIdx.x * 256 + threadIdx.x;
+    if (h >= halves) return;
+    ((Vec16*)deq)[h] = nv_deq_half(((const u32*)codes)[h], decode<E4M3FN>(scales[h / 2]));
 }
 
 // Five CTAs an SM (46 registers): unbounded, ptxas spends 118 registers on

@@ -309,17 +309,26 @@ impl CudaContext {
         if n == 0 {
             return Ok(out);
         }
-        let (cp, sp, op, n32) = (codes.ptr(), q.scales.ptr(), out.ptr(), u32_of(n, "blocks")?);
+        // One thread per half block (8 elements).
+        let halves = 2 * n;
+        let (cp, sp, op) = (codes.ptr(), q.scales.ptr(), out.ptr());
+        // The kernel numbers half blocks (and their threads) in 32 bits.
+        if halves + THREADS as usize > u32::MAX as usize {
+            return Err(CudaError::Invalid(format!(
+                "{n} NVFP4 blocks are over the 32-bit half-block index"
+            )));
+        }
+        let h32 = halves as u32;
         // As dequantize_nvfp4: codes and scales of n blocks, out n * 16 BF16.
         launch_kernel!(
             self,
             &QUANTIZE_NVFP4,
             "dequantize_nvfp4",
-            grid(n as u64, THREADS as u64, THREADS)?,
+            grid(halves as u64, THREADS as u64, THREADS)?,
             &cp,
             &sp,
             &op,
-            &n32
+            &h32
         )?;
         Ok(out)
     }
