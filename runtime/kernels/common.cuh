@@ -496,3 +496,31 @@ __device__ __forceinline__ void mx_store_codes(u8* codes, u64 b, const u32* w) {
         out[h] = q;
     }
 }
+
+// ---------------------------------------------------------------------------
+// The shared-memory slab of the two-direction tile quantizers (mx_tile.cu,
+// quantize_nvfp4.cu): rows row0 .. row0 + R - 1 and columns col0 .. col0 + C - 1
+// of the row-major [rows, cols] input into slab[r * STRIDE + c] as f32, zero
+// past the matrix; coalesced, with 16-byte loads when every row starts
+// 16-byte aligned (cols a multiple of the vector). The caller syncs after.
+template <class In, u32 R, u32 C, u32 STRIDE>
+__device__ __forceinline__ void load_slab(const void* x, u32 rows, u32 cols, u32 row0, u32 col0, float* slab) {
+    if (cols % In::VEC == 0) {
+        constexpr u32 VPR = C / In::VEC;  // vectors per slab row
+        for (u32 i = threadIdx.x; i < R * VPR; i += blockDim.x) {
+            const u32 r = i / VPR, c = (i % VPR) * In::VEC;
+            const bool in = row0 + r < rows && col0 + c < cols;
+            Vec16 q = {{0u, 0u, 0u, 0u}};
+            if (in) q = In::load_vec(x, (u64)(row0 + r) * cols + col0 + c);
+#pragma unroll
+            for (int k = 0; k < In::VEC; ++k) slab[r * STRIDE + c + k] = in ? In::elem(q, k) : 0.0f;
+        }
+    } else {
+        for (u32 i = threadIdx.x; i < R * C; i += blockDim.x) {
+            const u32 r = i / C, c = i % C;
+            float v = 0.0f;
+            if (row0 + r < rows && col0 + c < cols) v = In::load(x, (u64)(row0 + r) * cols + col0 + c);
+            slab[r * STRIDE + c] = v;
+        }
+    }
+}

@@ -71,25 +71,7 @@ __device__ __forceinline__ void mx_tile(const void* x, u32 rows, u32 cols, const
     __shared__ u32 tile_amax[TILES][MX_BLOCK];
     const u32 row0 = blockIdx.y * MX_BLOCK;
     const u32 col0 = blockIdx.x * SLAB_COLS;
-    if (cols % In::VEC == 0) {
-        // 16-byte loads: rows start 16-byte aligned when cols is a multiple of the vector.
-        constexpr u32 VPR = SLAB_COLS / In::VEC;  // vectors per slab row
-        for (u32 i = threadIdx.x; i < MX_BLOCK * VPR; i += blockDim.x) {
-            const u32 r = i / VPR, c = (i % VPR) * In::VEC;
-            const bool in = row0 + r < rows && col0 + c < cols;
-            Vec16 q = {{0u, 0u, 0u, 0u}};
-            if (in) q = In::load_vec(x, (u64)(row0 + r) * cols + col0 + c);
-#pragma unroll
-            for (int k = 0; k < In::VEC; ++k) slab[r * SLAB_STRIDE + c + k] = in ? In::elem(q, k) : 0.0f;
-        }
-    } else {
-        for (u32 i = threadIdx.x; i < MX_BLOCK * SLAB_COLS; i += blockDim.x) {
-            const u32 r = i / SLAB_COLS, c = i % SLAB_COLS;
-            float v = 0.0f;
-            if (row0 + r < rows && col0 + c < cols) v = In::load(x, (u64)(row0 + r) * cols + col0 + c);
-            slab[r * SLAB_STRIDE + c] = v;
-        }
-    }
+    load_slab<In, MX_BLOCK, SLAB_COLS, SLAB_STRIDE>(x, rows, cols, row0, col0, slab);
     __syncthreads();
     const u32 t = threadIdx.x / (2 * MX_BLOCK);           // tile of the slab
     const bool by_row = (threadIdx.x / MX_BLOCK) % 2 == 0;  // which direction this warp quantizes

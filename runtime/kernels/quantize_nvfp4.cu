@@ -1,44 +1,69 @@
 // NVFP4 two-level block quantization (SPEC section 2b; CPU reference:
-// runtime/src/quant/nvfp4.rs, quantize_view and Nvfp4Tensor::dequantize_rows).
+// runtime/src/quant/nvfp4.rs, quantize_view and Nvfp4Tensor::dequantize_rows)
+// of a row-major [rows, cols] f32 or BF16 matrix along its columns and/or its
+// rows from one read of each 64x64 tile, as mx_tile.cu does for MX.
 //
-// Layout, as on the CPU ("axis-last"): the view is `rows` rows of `len`
-// values, each zero-padded to padded_len = 16 * nb; block b = row * nb + kb.
-// The input is a row-major f32 or BF16 matrix read as that view either
-// directly (element (r, k) at x[r * len + k]: quantized along its columns)
-// or transposed (element (r, k) at x[k * rows + r]: quantized along its
-// rows, the CPU's quantize_nvfp4(x, [len, rows], 0, ..)).
-//   codes  [rows, padded_len / 2]  E2M1 packed two per byte, element 2i in the low nibble
-//   scales [rows, nb]              E4M3FN bytes (a 16x16 tile's byte repeated for its blocks)
-//   deq    [rows, padded_len]      BF16 decode(code) * s_q: the GEMM operand without
-//                                  the tensor scale t, which the GEMM applies after
-//                                  (exact: a 2-bit by a 4-bit significand)
-//   state                          the FP8 state of quantize_fp8.cu: word FP8_AMAX
-//                                  holds the tensor amax A (fp8_amax + fp8_scale
-//                                  reduce it), word NV_T the tensor scale t, written
-//                                  here (where the GEMM's scale_inv pointer looks)
+// Each direction is the CPU's axis-last view: along the columns, `rows` view
+// rows of `cols` values (quantize_nvfp4_rows(x, rows, cols, ..)); along the
+// rows, `cols` view rows of `rows` values (quantize_nvfp4(x, [rows, cols], 0,
+// ..)). A view row of `len` values is zero-padded to padded_len = 16 * nb;
+// block b = view_row * nb + kb. Each direction writes, as asked (null
+// pointer = not wanted):
+//   codes  [vrows, padded_len / 2]  E2M1 packed two per byte, element 2i in the low nibble
+//   scales [vrows, nb]              E4M3FN bytes (a 16x16 tile's byte repeated for its blocks)
+//   deq    [vrows, padded_len]      BF16 decode(code) * s_q: the GEMM operand without
+//                                   the tensor scale t, which the GEMM applies after
+//                                   (exact: a 2-bit by a 4-bit significand)
+//   state                           an FP8 state (quantize_fp8.cu), zeroed by the host:
+//                                   word NV_AMAX takes the tensor amax A, word NV_T
+//                                   the tensor scale t (where the GEMM's scale_inv
+//                                   pointer looks)
 //
-// One thread owns one block. Along the columns consecutive threads take
-// consecutive blocks of a row; transposed, consecutive rows of the view
-// (columns of x), so a warp's loads of element k cover 32 consecutive values.
+// Two launches over the same grid: PHASE_AMAX reduces each direction's A
+// (the max of its block amaxes, after its Hadamard-16 when asked) with one
+// atomicMax per CTA, and PHASE_QUANTIZE, which needs t and so the whole
+// tensor's A, encodes. A direction without the Hadamard has the plain amax of
+// x; when neither has it, both states take the one value.
 //
 // Steps (each one IEEE f32 operation, no FMA: the host compiles with
 // --fmad=false --prec-div=true):
-//   a = block amax (after the Hadamard-16 of each group of 16 when asked)
+//   a = block amax (after the Hadamard-16 of each group of 16 when asked);
+//       with tiles, the max over the 16x16 tile's 16 blocks
 //   A = max a; t = fl32(A / 2688), or 1 where that is 0
 //   s = clamp(fl32(fl32(a / 6) / t), 2^-6, 448) -> E4M3FN byte, s_q its value
 //   r = fl32(fl32(1 / t) / s_q); code = E2M1(clamp(fl32(v * r), -6, 6)), RNE or SR
-// With the Hadamard option or 16x16 tiles the block amaxes come first
-// (PHASE_AMAX), their max is reduced by fp8_amax over those bits, tiles get
-// their bytes from nvfp4_tile_scales, and PHASE_ENCODE_FIXED encodes with
-// them; otherwise fp8_amax reduces x itself and PHASE_QUANTIZE does the rest.
+//
+// A CTA stages a 64x64 slab (four 16x16 tiles each way) in shared memory
+// (load_slab of common.cuh).
+// Along the columns thread i owns the block of slab row i % 64, block column
+// i / 64; along the rows, that of slab column i % 64, block row i / 64. A
+// warp so reads 32 rows (columns) of the odd-strided slab without bank
+// conflicts, and the 16 threads of a 16x16 tile are consecutive. The outputs
+// go through a shared-memory stage (NvStage) so that their stores coalesce.
 
 #define NV_BLOCK 16
-#define NV_THREADS 256
-// Word of the state that holds t: FP8_SCALE_INV of quantize_fp8.cu.
-#define NV_T 8
+#define NV_SLAB 64
+#define NV_STRIDE (NV_SLAB + 1)
+#define NV_THREADS (NV_SLAB * NV_SLAB / NV_BLOCK)
+// Words of the state: the amax slot of quantize_fp8.cu, and its scale_inv slot for t.
 #define NV_AMAX 0
+#define NV_T 8
 
-enum NvPhase { NV_PHASE_QUANTIZE = 0, NV_PHASE_AMAX = 1, NV_PHASE_ENCODE_FIXED = 2 };
+// Launch phase: the values of Phase in runtime/src/cuda/quantize.rs.
+#define NV_PHASE_QUANTIZE 0
+#define NV_PHASE_AMAX 1
+
+// One direction's options and outputs (struct NvDir in src/cuda/nvfp4.rs);
+// a null state means the direction is not wanted.
+struct NvDir {
+    u8* codes;
+    u8* scales;
+    u16* deq;
+    u32* state;
+    int hadamard;
+    int sr;
+    MxSrKey key;
+};
 
 // t from the tensor amax bits (nvfp4.rs, tensor_scale).
 __device__ __forceinline__ float nv_tensor_scale(const u32* state) {
@@ -57,166 +82,193 @@ __device__ __forceinline__ u32 nv_scale_byte(float a, float t) {
     return encode_rne<E4M3FN>(clamp_keep_nan(s, 0.015625f, 448.0f));
 }
 
-// The block of `b` in the view: its row and block column. Transposed,
-// consecutive b are consecutive rows of one block column.
-__device__ __forceinline__ void nv_locate(u32 tid, u32 rows, u32 nb, int transposed, u32& row, u32& kb) {
-    if (transposed) {
-        kb = tid / rows;
-        row = tid - kb * rows;
-    } else {
-        row = tid / nb;
-        kb = tid - row * nb;
+// Eight BF16 values decode(code) * s_q from one word of codes (half a block).
+__device__ __forceinline__ Vec16 nv_deq_half(u32 w, float sq) {
+    Vec16 o;
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) {
+        const u32 c0 = (w >> (4 * i)) & 0xFu;
+        const u32 c1 = (w >> (4 * (i + 1))) & 0xFu;
+        o.w[i / 2] = (u32)bf16_from_f32(decode<E2M1>(c0) * sq) | ((u32)bf16_from_f32(decode<E2M1>(c1) * sq) << 16);
     }
+    return o;
 }
 
-// The 16 values of block (row, kb), zero past len.
-template <class In>
-__device__ __forceinline__ void nv_load(const void* x, u32 rows, u32 len, int transposed, u32 row, u32 kb,
-                                        float* v) {
-    const u32 c0 = kb * NV_BLOCK;
-    if (transposed) {
-#pragma unroll
-        for (int i = 0; i < NV_BLOCK; ++i) v[i] = c0 + i < len ? In::load(x, (u64)(c0 + i) * rows + row) : 0.0f;
-    } else if (len % In::VEC == 0 && c0 + NV_BLOCK <= len) {
-        constexpr int NV = NV_BLOCK / In::VEC;
-        Vec16 q[NV];
-#pragma unroll
-        for (int k = 0; k < NV; ++k) q[k] = In::load_vec(x, (u64)row * len + c0 + k * In::VEC);
-#pragma unroll
-        for (int k = 0; k < NV; ++k) {
-#pragma unroll
-            for (int i = 0; i < In::VEC; ++i) v[k * In::VEC + i] = In::elem(q[k], i);
+// A slab's outputs of one direction, staged in shared memory so that the
+// stores to global memory are coalesced: a thread's own block is 8 bytes of
+// codes, 1 scale byte and 32 bytes of BF16 at a view-row stride, so storing
+// it directly would cost one L2 request per 1 to 16 bytes. Slab row i (a view
+// row) holds the slab's NV_SPR blocks of that row.
+#define NV_SPR (NV_SLAB / NV_BLOCK)
+#define NV_CODE_STRIDE (2 * NV_SPR + 1)     // words per staged row of codes (odd: no bank conflicts)
+#define NV_DEQ_STRIDE (2 * NV_SPR + 1)      // 16-byte vectors per staged row of BF16
+struct NvStage {
+    Vec16 deq[NV_SLAB * NV_DEQ_STRIDE];
+    u32 codes[NV_SLAB * NV_CODE_STRIDE];
+    u8 scales[NV_SLAB * NV_SPR];
+};
+
+// Writes the staged outputs of view rows vrow0 .. vrow0 + 63 (those below
+// vrows), blocks kb0 .. kb0 + NV_SPR - 1 (those below nb), of direction d:
+// consecutive threads write consecutive bytes of a view row.
+__device__ __forceinline__ void nv_store_stage(const NvDir& d, const NvStage& st, u64 vrow0, u32 vrows, u32 kb0,
+                                               u32 nb) {
+    const u32 nrows = vrows - vrow0 < NV_SLAB ? (u32)(vrows - vrow0) : NV_SLAB;
+    const u32 nblk = nb - kb0 < NV_SPR ? nb - kb0 : NV_SPR;
+    // One (row, block) of codes and scales per thread: NV_THREADS = 64 rows x NV_SPR.
+    const u32 r = threadIdx.x / NV_SPR, j = threadIdx.x % NV_SPR;
+    if (r < nrows && j < nblk) {
+        const u64 b = (vrow0 + r) * nb + kb0 + j;
+        d.scales[b] = st.scales[threadIdx.x];
+        if (d.codes) {
+            const u32* c = st.codes + r * NV_CODE_STRIDE + 2 * j;
+            *(u64*)(d.codes + b * (NV_BLOCK / 2)) = (u64)c[0] | ((u64)c[1] << 32);
         }
-    } else {
-#pragma unroll
-        for (int i = 0; i < NV_BLOCK; ++i) v[i] = c0 + i < len ? In::load(x, (u64)row * len + c0 + i) : 0.0f;
+    }
+    if (!d.deq) return;
+    // Half blocks (8 BF16, 16 bytes) of the BF16 operand.
+    for (u32 h = threadIdx.x; h < NV_SLAB * 2 * NV_SPR; h += NV_THREADS) {
+        const u32 hr = h / (2 * NV_SPR), hj = h % (2 * NV_SPR);
+        if (hr >= nrows || hj / 2 >= nblk) continue;
+        const u64 off = (vrow0 + hr) * ((u64)nb * NV_BLOCK) + (u64)kb0 * NV_BLOCK + hj * (NV_BLOCK / 2);
+        *(Vec16*)(d.deq + off) = st.deq[hr * NV_DEQ_STRIDE + hj];
     }
 }
 
-// Writes block b's 16 BF16 values decode(code) * s_q (two words of codes).
-__device__ __forceinline__ void nv_store_deq(u16* deq, u64 off, const u32* w, float sq) {
-    Vec16 o[2];
-#pragma unroll
-    for (int i = 0; i < NV_BLOCK; i += 2) {
-        const u32 c0 = (w[i / 8] >> (4 * (i % 8))) & 0xFu;
-        const u32 c1 = (w[i / 8] >> (4 * (i % 8 + 1))) & 0xFu;
-        o[i / 8].w[(i % 8) / 2] =
-            (u32)bf16_from_f32(decode<E2M1>(c0) * sq) | ((u32)bf16_from_f32(decode<E2M1>(c1) * sq) << 16);
-    }
-    Vec16* out = (Vec16*)(deq + off);
-    out[0] = o[0];
-    out[1] = o[1];
-}
-
-// One block through the phase asked for. With EXTRAS = false (no Hadamard,
-// no SR, no tiles) only PHASE_QUANTIZE runs.
-template <class In, bool EXTRAS>
-__device__ __forceinline__ void quantize_nvfp4_rows(const void* __restrict__ x, u8* __restrict__ codes,
-                                                    u8* __restrict__ scales, u16* __restrict__ deq,
-                                                    u32* __restrict__ amax, u32* __restrict__ state, u32 rows,
-                                                    u32 len, u32 nb, int transposed, int phase, int hadamard,
-                                                    int sr, MxSrKey key) {
-    const u32 tid = blockIdx.x * NV_THREADS + threadIdx.x;
-    if (tid >= rows * nb) return;
-    u32 row, kb;
-    nv_locate(tid, rows, nb, transposed, row, kb);
-    const u32 b = row * nb + kb;
-    float v[NV_BLOCK];
-    nv_load<In>(x, rows, len, transposed, row, kb, v);
-    if (EXTRAS && hadamard) hadamard16(v);
-    if (EXTRAS && phase == NV_PHASE_AMAX) {
-        amax[b] = amax_bits<NV_BLOCK>(v);
-        return;
-    }
-
-    const float t = nv_tensor_scale(state);
-    if (tid == 0) state[NV_T] = f2u(t);
-    u32 byte;
-    if (EXTRAS && phase == NV_PHASE_ENCODE_FIXED) {
-        byte = scales[b];
-    } else {
-        byte = nv_scale_byte(u2f(amax_bits<NV_BLOCK>(v)), t);
-        scales[b] = (u8)byte;
-    }
-    const float sq = decode<E4M3FN>(byte);
-    const float r = 1.0f / t / sq;
-    u32 w[2];
-    if (EXTRAS && sr) {
-        u32 c[NV_BLOCK];
+// The packed codes of block b at r = fl32(fl32(1 / t) / s_q) (nvfp4.rs,
+// encode_blocks_with), RNE or stochastically with element i of the padded
+// layout taking word i % 4 of philox([i / 4, step, tensor_id], seed).
+__device__ __forceinline__ void nv_encode(const float* v, float r, const NvDir& d, u64 b, u32* w) {
+    if (d.sr) {
+        // Packed as pack_codes packs them, group by group (fewer live registers).
+        w[0] = w[1] = 0u;
 #pragma unroll
         for (int g = 0; g < NV_BLOCK / 4; ++g) {
             u32 rw[4];
-            sr_words(key, (u64)b * (NV_BLOCK / 4) + (u64)g, rw);
+            sr_words(d.key, b * (NV_BLOCK / 4) + (u64)g, rw);
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
-                c[4 * g + q] = encode_sr<E2M1>(clamp_keep_nan(v[4 * g + q] * r, -6.0f, 6.0f), rw[q]);
+                const int i = 4 * g + q;
+                w[i / 8] |= encode_sr<E2M1>(clamp_keep_nan(v[i] * r, -6.0f, 6.0f), rw[q]) << (4 * (i % 8));
             }
         }
-        pack_codes<E2M1, NV_BLOCK>(c, w);
-    } else if ((f2u(r) & 0x7F800000u) != 0x7F800000u) {
+        return;
+    }
+    u32 c[NV_BLOCK];
+    if ((f2u(r) & 0x7F800000u) != 0x7F800000u) {
         // r finite and every x finite (A passed), so every product is finite
         // and the fast encoder, which saturates at 6, gives encode_rne's bits.
+        float q[NV_BLOCK];
 #pragma unroll
-        for (int i = 0; i < NV_BLOCK; ++i) v[i] = v[i] * r;
-        encode_pack_finite<E2M1, NV_BLOCK>(v, w);
+        for (int i = 0; i < NV_BLOCK; ++i) q[i] = v[i] * r;
+        encode_pack_finite<E2M1, NV_BLOCK>(q, w);
+        return;
     } else {
         // r = +Inf (A below 2688 * 2^-128): 0 * Inf is NaN, which E2M1 encodes as +0.
-        u32 c[NV_BLOCK];
 #pragma unroll
         for (int i = 0; i < NV_BLOCK; ++i) c[i] = encode_rne<E2M1>(clamp_keep_nan(v[i] * r, -6.0f, 6.0f));
-        pack_codes<E2M1, NV_BLOCK>(c, w);
     }
-    if (codes) {
-        u32* out = (u32*)(codes + (u64)b * (NV_BLOCK / 2));
-        out[0] = w[0];
-        out[1] = w[1];
-    }
-    if (deq) nv_store_deq(deq, (u64)b * NV_BLOCK, w, sq);
+    pack_codes<E2M1, NV_BLOCK>(c, w);
 }
 
-// One scale byte per 16x16 tile of the view (nvfp4.rs, tile_scale_bytes),
-// from the block amaxes, repeated over the tile's rows. One thread per
-// (tile row, block column).
-extern "C" __global__ void nvfp4_tile_scales(const u32* amax, u8* scales, const u32* state, u32 rows, u32 nb) {
-    const u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    const u64 tile_rows = (rows + NV_BLOCK - 1) / NV_BLOCK;
-    if (idx >= tile_rows * nb) return;
-    const u64 tr = idx / nb;
-    const u64 k = idx - tr * nb;
-    const u64 r0 = tr * NV_BLOCK;
-    const u64 r1 = r0 + NV_BLOCK < rows ? r0 + NV_BLOCK : rows;
-    u32 m = 0u;
-    for (u64 r = r0; r < r1; ++r) {
-        const u32 a = amax[r * nb + k];
-        m = a > m ? a : m;
+template <class In>
+__device__ __forceinline__ void nvfp4_tile(const void* __restrict__ x, u32 rows, u32 cols, const NvDir& cd,
+                                           const NvDir& rd, int tile2d, int phase) {
+    __shared__ float slab[NV_SLAB * NV_STRIDE];
+    __shared__ u32 block_amax[2][NV_THREADS];
+    __shared__ u32 cta_amax[2];
+    __shared__ NvStage stage;
+    const u32 row0 = blockIdx.y * NV_SLAB;
+    const u32 col0 = blockIdx.x * NV_SLAB;
+    if (threadIdx.x < 2) cta_amax[threadIdx.x] = 0u;
+    load_slab<In, NV_SLAB, NV_SLAB, NV_STRIDE>(x, rows, cols, row0, col0, slab);
+    __syncthreads();
+    const u32 lane = threadIdx.x % NV_SLAB;  // slab row (along cols) or column (along rows)
+    const u32 k = threadIdx.x / NV_SLAB;     // block column or block row in the slab
+    // Neither direction rotated: both amaxes are that of x, reduced once.
+    const bool same_amax = cd.state && rd.state && !cd.hadamard && !rd.hadamard;
+    for (int dir = 0; dir < 2; ++dir) {
+        // A copy, field by field: a reference chosen at run time would put
+        // both parameter structs in local memory.
+        const NvDir d = dir == 0 ? cd : rd;
+        if (!d.state || (phase == NV_PHASE_AMAX && dir == 1 && same_amax)) continue;
+        float v[NV_BLOCK];
+#pragma unroll
+        for (int i = 0; i < NV_BLOCK; ++i) {
+            v[i] = dir == 0 ? slab[lane * NV_STRIDE + k * NV_BLOCK + i] : slab[(k * NV_BLOCK + i) * NV_STRIDE + lane];
+        }
+        if (d.hadamard) hadamard16(v);
+        u32 a = amax_bits<NV_BLOCK>(v);
+        if (phase == NV_PHASE_AMAX || tile2d) block_amax[dir][threadIdx.x] = a;
+        if (phase == NV_PHASE_AMAX) continue;
+        if (tile2d) {
+            // The tile's 16 blocks are threads 16j .. 16j + 15 (zero past the matrix).
+            __syncthreads();
+            const u32* tb = block_amax[dir] + (threadIdx.x & ~(u32)(NV_BLOCK - 1));
+#pragma unroll
+            for (int i = 0; i < NV_BLOCK; ++i) a = tb[i] > a ? tb[i] : a;
+        }
+        // This block in the direction's view.
+        const u32 vrows = dir == 0 ? rows : cols, len = dir == 0 ? cols : rows;
+        const u64 vrow0 = dir == 0 ? row0 : col0;
+        const u32 kb0 = (dir == 0 ? col0 : row0) / NV_BLOCK;
+        const u32 nb = (len + NV_BLOCK - 1) / NV_BLOCK;
+        if (vrow0 + lane < vrows && kb0 + k < nb) {
+            const u64 b = (vrow0 + lane) * nb + kb0 + k;
+            const float t = nv_tensor_scale(d.state);
+            if (b == 0) d.state[NV_T] = f2u(t);
+            const u32 byte = nv_scale_byte(u2f(a), t);
+            const float sq = decode<E4M3FN>(byte);
+            const float r = 1.0f / t / sq;
+            u32 w[2];
+            nv_encode(v, r, d, b, w);
+            stage.scales[lane * NV_SPR + k] = (u8)byte;
+            stage.codes[lane * NV_CODE_STRIDE + 2 * k] = w[0];
+            stage.codes[lane * NV_CODE_STRIDE + 2 * k + 1] = w[1];
+            if (d.deq) {
+                stage.deq[lane * NV_DEQ_STRIDE + 2 * k] = nv_deq_half(w[0], sq);
+                stage.deq[lane * NV_DEQ_STRIDE + 2 * k + 1] = nv_deq_half(w[1], sq);
+            }
+        }
+        __syncthreads();
+        nv_store_stage(d, stage, vrow0, vrows, kb0, nb);
+        // The next direction reuses the stage.
+        __syncthreads();
     }
-    const u8 byte = (u8)nv_scale_byte(u2f(m), nv_tensor_scale(state));
-    for (u64 r = r0; r < r1; ++r) scales[r * nb + k] = byte;
+    if (phase == NV_PHASE_AMAX) {
+        // The CTA's max per direction: 16 threads each, then one atomic each
+        // (a direction skipped above reduces stale values, never used).
+        __syncthreads();
+        if (threadIdx.x < 2 * NV_BLOCK) {
+            const u32* p = block_amax[threadIdx.x / NV_BLOCK] + threadIdx.x % NV_BLOCK;
+            u32 m = 0u;
+#pragma unroll
+            for (int i = 0; i < NV_THREADS / NV_BLOCK; ++i) m = p[i * NV_BLOCK] > m ? p[i * NV_BLOCK] : m;
+            atomicMax(&cta_amax[threadIdx.x / NV_BLOCK], m);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0 && cd.state) atomicMax(&cd.state[NV_AMAX], cta_amax[0]);
+        if (threadIdx.x == 1 && rd.state) atomicMax(&rd.state[NV_AMAX], cta_amax[same_amax ? 0 : 1]);
+    }
 }
 
-// The GEMM operand of kept codes: deq[b * 16 + i] = BF16(decode(code) * s_q).
-extern "C" __global__ void __launch_bounds__(NV_THREADS)
-    dequantize_nvfp4(const u8* codes, const u8* scales, u16* deq, u32 nblocks) {
-    const u32 b = blockIdx.x * NV_THREADS + threadIdx.x;
-    if (b >= nblocks) return;
-    const u32* in = (const u32*)(codes + (u64)b * (NV_BLOCK / 2));
-    const u32 w[2] = {in[0], in[1]};
-    nv_store_deq(deq, (u64)b * NV_BLOCK, w, decode<E4M3FN>(scales[b]));
+// The GEMM operand of kept codes: deq[b * 16 + i] = BF16(decode(code) * s_q),
+// one thread per half block (word h of the codes, 16 bytes of BF16), so that
+// consecutive threads store consecutive 16 bytes.
+extern "C" __global__ void __launch_bounds__(256) dequantize_nvfp4(const u8* codes, const u8* scales, u16* deq,
+                                                                   u32 halves) {
+    const u32 h = blockIdx.x * 256 + threadIdx.x;
+    if (h >= halves) return;
+    ((Vec16*)deq)[h] = nv_deq_half(((const u32*)codes)[h], decode<E4M3FN>(scales[h / 2]));
 }
 
-#define NVFP4_QUANTIZE_KERNELS(SUFFIX, IN)                                                                   \
-    extern "C" __global__ void __launch_bounds__(NV_THREADS) quantize_nvfp4_##SUFFIX(                       \
-        const void* x, u8* codes, u8* scales, u16* deq, u32* amax, u32* state, u32 rows, u32 len, u32 nb,   \
-        int transposed, int phase, int hadamard, int sr, MxSrKey key) {                                     \
-        quantize_nvfp4_rows<IN, true>(x, codes, scales, deq, amax, state, rows, len, nb, transposed, phase, \
-                                      hadamard, sr, key);                                                   \
-    }                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(NV_THREADS) quantize_nvfp4_plain_##SUFFIX(                 \
-        const void* x, u8* codes, u8* scales, u16* deq, u32* amax, u32* state, u32 rows, u32 len, u32 nb,   \
-        int transposed, int phase, int hadamard, int sr, MxSrKey key) {                                     \
-        quantize_nvfp4_rows<IN, false>(x, codes, scales, deq, amax, state, rows, len, nb, transposed,       \
-                                       phase, hadamard, sr, key);                                           \
+// Five CTAs an SM (48 registers, no spill): unbounded, ptxas spends 118 registers on
+// the unrolled Philox rounds and fits two.
+#define NVFP4_TILE_KERNEL(SUFFIX, IN)                                                                   \
+    extern "C" __global__ void __launch_bounds__(NV_THREADS, 5) nvfp4_tile_##SUFFIX(                     \
+        const void* x, u32 rows, u32 cols, NvDir cd, NvDir rd, int tile2d, int phase) {                \
+        nvfp4_tile<IN>(x, rows, cols, cd, rd, tile2d, phase);                                           \
     }
 
-NVFP4_QUANTIZE_KERNELS(f32, InF32)
-NVFP4_QUANTIZE_KERNELS(bf16, InBF16)
+NVFP4_TILE_KERNEL(f32, InF32)
+NVFP4_TILE_KERNEL(bf16, InBF16)

@@ -1,15 +1,16 @@
 //! NVFP4 quantization on the device (SPEC section 2b), bit-exact with
-//! [`crate::quant::quantize_nvfp4`]: the kernels of
-//! `runtime/kernels/quantize_nvfp4.cu`, with the tensor amax reduced by the
-//! FP8 amax kernels (`quantize_fp8.cu`), whose state buffer also carries the
-//! tensor scale t.
+//! [`crate::quant::quantize_nvfp4`]: the tile kernels of
+//! `runtime/kernels/quantize_nvfp4.cu`, which quantize a matrix along its
+//! rows and/or columns from one read of each tile, after one pass that
+//! reduces each direction's tensor amax into an FP8 state buffer
+//! (`quantize_fp8.cu`'s layout), which also carries the tensor scale t.
 //!
 //! Hopper has no FP4 MMA, so the GEMM operand is BF16: decode(code) * s_q,
 //! exact in BF16 (a 2-bit by a 4-bit significand, between 2^-7 and 2688),
 //! with t applied to the GEMM's f32 result as a per-tensor scale, as the
 //! FNUZ FP8 operands are.
 
-use cudarc::driver::DeviceRepr;
+use cudarc::driver::{DeviceRepr, LaunchConfig};
 
 use super::lin_kernels::u32_of;
 use super::nvrtc::{launch_kernel, KernelSource};
@@ -17,7 +18,6 @@ use super::quantize::{grid, input_size, read_state, state_scale_inv_ptr, Phase};
 use super::storage::by_dtype;
 use super::{CudaContext, CudaError, DevBuf, Result};
 use crate::backend::Along;
-use crate::formats::ElemFormat;
 use crate::quant::nvfp4::nvfp4_padded;
 use crate::quant::{Nvfp4Config, Nvfp4Tensor, NVFP4_BLOCK};
 use crate::DType;
@@ -28,11 +28,13 @@ pub const QUANTIZE_NVFP4: KernelSource = KernelSource {
     body: include_str!("../../kernels/quantize_nvfp4.cu"),
 };
 
-/// Threads per CTA of the NVFP4 kernels, one block each (NV_THREADS).
+/// Threads per CTA of `nvfp4_tile_*` (NV_THREADS) and of `dequantize_nvfp4`.
 const THREADS: u32 = 256;
-/// Bytes of a state buffer written for an empty tensor: the FP8 state's
-/// amax, scale and scale_inv slots (quantize_fp8.cu).
-const EMPTY_STATE_WORDS: usize = 12;
+/// Side of the square slab one CTA of `nvfp4_tile_*` quantizes (NV_SLAB).
+const SLAB: usize = 64;
+/// Words of a state buffer: the FP8 state's amax, scale and scale_inv
+/// slots (quantize_fp8.cu).
+const STATE_WORDS: usize = 12;
 /// Word of the state holding t (NV_T, the FP8 state's scale_inv slot).
 const T_WORD: usize = 8;
 
@@ -49,6 +51,29 @@ struct SrArg {
 
 // SAFETY: a plain #[repr(C)] struct of four u32, laid out as MxSrKey.
 unsafe impl DeviceRepr for SrArg {}
+
+/// One direction's outputs and options (struct NvDir in
+/// quantize_nvfp4.cu); a null state is a direction not wanted.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct NvDir {
+    codes: u64,
+    scales: u64,
+    deq: u64,
+    state: u64,
+    hadamard: i32,
+    sr: i32,
+    key: SrArg,
+}
+
+// SAFETY: a plain #[repr(C)] struct of integers, laid out as NvDir.
+unsafe impl DeviceRepr for NvDir {}
+
+/// Index of a direction in [`CudaContext::quantize_nvfp4_2d`]'s arrays:
+/// along the columns (row blocks) first, then along the rows.
+pub fn along_index(along: Along) -> usize {
+    usize::from(along == Along::Rows)
+}
 
 /// What one NVFP4 quantization writes besides the scale bytes and state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -137,18 +162,39 @@ impl CudaContext {
     /// NVFP4 quantization of the row-major `[rows, cols]` f32 or BF16 matrix
     /// `x` along its columns (`Along::Cols`: the CPU's
     /// `quantize_nvfp4_rows(x, rows, cols, ..)`) or its rows (`Along::Rows`:
-    /// `quantize_nvfp4(x, [rows, cols], 0, ..)`), bit for bit. Runs without
-    /// waiting for the device: a NaN or Inf in the input (or a Hadamard sum
-    /// that overflows) leaves a non-finite amax at [`Nvfp4Device::amax_ptr`]
-    /// for the caller's deferred check, and the outputs are then undefined.
+    /// `quantize_nvfp4(x, [rows, cols], 0, ..)`), bit for bit: one direction
+    /// of [`CudaContext::quantize_nvfp4_2d`].
     pub fn quantize_nvfp4(
         &self,
-        (x, dtype): (&DevBuf, DType),
-        (rows, cols): (usize, usize),
+        x: (&DevBuf, DType),
+        dims: (usize, usize),
         along: Along,
         cfg: &Nvfp4Config,
         outputs: Nvfp4Outputs,
     ) -> Result<Nvfp4Device> {
+        let mut dirs = [None, None];
+        dirs[along_index(along)] = Some((*cfg, outputs));
+        let [c, r] = self.quantize_nvfp4_2d(x, dims, dirs)?;
+        c.or(r)
+            .ok_or_else(|| CudaError::Invalid("nvfp4_tile wrote no output".into()))
+    }
+
+    /// NVFP4 quantization of the row-major `[rows, cols]` f32 or BF16 matrix
+    /// `x` along its columns and/or its rows (`dirs`, indexed by
+    /// [`along_index`]: each direction's settings and outputs), both from
+    /// one read of each tile (`nvfp4_tile_*`), after one pass that reduces
+    /// both tensor amaxes. The directions must agree on `tile2d` (the 16x16
+    /// tiles are the same squares of x either way); Hadamard and the SR key
+    /// are per direction. Runs without waiting for the device: a NaN or Inf
+    /// in the input (or a Hadamard sum that overflows) leaves a non-finite
+    /// amax at [`Nvfp4Device::amax_ptr`] for the caller's deferred check,
+    /// and the outputs are then undefined.
+    pub fn quantize_nvfp4_2d(
+        &self,
+        (x, dtype): (&DevBuf, DType),
+        (rows, cols): (usize, usize),
+        dirs: [Option<(Nvfp4Config, Nvfp4Outputs)>; 2],
+    ) -> Result<[Option<Nvfp4Device>; 2]> {
         let size = input_size(dtype)?;
         if x.len_bytes() < rows * cols * size {
             return Err(CudaError::Invalid(format!(
@@ -156,131 +202,99 @@ impl CudaContext {
                 x.len_bytes()
             )));
         }
-        let (vrows, len) = match along {
-            Along::Cols => (rows, cols),
-            Along::Rows => (cols, rows),
+        let tile2d = match dirs {
+            [Some((a, _)), Some((b, _))] if a.tile2d != b.tile2d => {
+                return Err(CudaError::Invalid(
+                    "NVFP4 directions of one pass differ in tile2d".into(),
+                ))
+            }
+            [Some((c, _)), _] | [None, Some((c, _))] => c.tile2d,
+            [None, None] => false,
         };
-        let padded_len = nvfp4_padded(len);
-        let nb = padded_len / NVFP4_BLOCK;
-        let nblocks = vrows * nb;
-        // The kernels number blocks (and their threads) in 32 bits.
-        if nblocks + THREADS as usize > u32::MAX as usize {
-            return Err(CudaError::Invalid(format!(
-                "[{rows}, {cols}] makes {nblocks} NVFP4 blocks, over the 32-bit block index"
-            )));
-        }
-        let opt = |want: bool, bytes: usize| want.then(|| self.alloc(bytes)).transpose();
-        if nblocks == 0 {
-            // Nothing to reduce: t = 1, as tensor_scale(0) is.
-            let mut words = [0u32; EMPTY_STATE_WORDS];
-            words[T_WORD] = 1f32.to_bits();
-            return Ok(Nvfp4Device {
+        let empty = rows == 0 || cols == 0;
+        // Direction d's view: (view rows, length) = (rows, cols) or (cols, rows).
+        let make = |d: usize| -> Result<Option<Nvfp4Device>> {
+            let Some((config, outputs)) = dirs[d] else {
+                return Ok(None);
+            };
+            let (vrows, len) = if d == 0 { (rows, cols) } else { (cols, rows) };
+            let padded_len = nvfp4_padded(len);
+            let nblocks = vrows * padded_len / NVFP4_BLOCK;
+            let opt = |want: bool, bytes: usize| want.then(|| self.alloc(bytes)).transpose();
+            let state = if empty {
+                // Nothing to reduce: t = 1, as tensor_scale(0) is.
+                let mut words = [0u32; STATE_WORDS];
+                words[T_WORD] = 1f32.to_bits();
+                self.upload(&words)?
+            } else {
+                // The amax pass atomically maxes into a zero amax.
+                self.alloc_zeroed(STATE_WORDS * 4)?
+            };
+            Ok(Some(Nvfp4Device {
                 rows: vrows,
                 len,
                 padded_len,
-                config: *cfg,
-                codes: opt(outputs.codes, 0)?,
-                scales: self.alloc(0)?,
-                deq: opt(outputs.deq, 0)?,
-                state: self.upload(&words)?,
-            });
-        }
-        let q_codes = opt(outputs.codes, nblocks * NVFP4_BLOCK / 2)?;
-        let q_deq = opt(outputs.deq, nblocks * NVFP4_BLOCK * 2)?;
-        let scales = self.alloc(nblocks)?;
-        let extras = cfg.hadamard || cfg.sr.is_some() || cfg.tile2d;
-        let name = if extras {
-            by_dtype(dtype, "quantize_nvfp4_f32", "quantize_nvfp4_bf16")
-        } else {
-            by_dtype(
-                dtype,
-                "quantize_nvfp4_plain_f32",
-                "quantize_nvfp4_plain_bf16",
-            )
+                config,
+                codes: opt(outputs.codes, nblocks * NVFP4_BLOCK / 2)?,
+                scales: self.alloc(nblocks)?,
+                deq: opt(outputs.deq, nblocks * NVFP4_BLOCK * 2)?,
+                state,
+            }))
         };
-        let key = cfg.sr.map_or(SrArg::default(), |k| SrArg {
-            seed_lo: k.seed as u32,
-            seed_hi: (k.seed >> 32) as u32,
-            step: k.step as u32,
-            tensor_id: k.tensor_id as u32,
-        });
-        let (r32, len32, nb32) = (
-            u32_of(vrows, "rows")?,
-            u32_of(len, "len")?,
-            u32_of(nb, "blocks per row")?,
-        );
-        let transposed = (along == Along::Rows) as i32;
-        let (hadamard, sr) = (cfg.hadamard as i32, cfg.sr.is_some() as i32);
-        let ptr = |b: &Option<DevBuf>| b.as_ref().map_or(0, DevBuf::ptr);
-        let (xp, cp, sp, dp) = (x.ptr(), ptr(&q_codes), scales.ptr(), ptr(&q_deq));
-        let cfg_q = grid(nblocks as u64, THREADS as u64, THREADS)?;
-        // As quantize_nvfp4_* in quantize_nvfp4.cu: codes, scales, deq and
-        // amax hold their [rows, nb] blocks' worth, state an FP8 state.
-        let launch = |phase: Phase, amax: u64, state: u64| -> Result<()> {
+        let out = [make(0)?, make(1)?];
+        if empty || out.iter().all(Option::is_none) {
+            return Ok(out);
+        }
+        let dir = |q: &Option<Nvfp4Device>| {
+            let ptr = |b: &Option<DevBuf>| b.as_ref().map_or(0, DevBuf::ptr);
+            q.as_ref().map_or(NvDir::default(), |q| NvDir {
+                codes: ptr(&q.codes),
+                scales: q.scales.ptr(),
+                deq: ptr(&q.deq),
+                state: q.state.ptr(),
+                hadamard: q.config.hadamard as i32,
+                sr: q.config.sr.is_some() as i32,
+                key: q.config.sr.map_or(SrArg::default(), |k| SrArg {
+                    seed_lo: k.seed as u32,
+                    seed_hi: (k.seed >> 32) as u32,
+                    step: k.step as u32,
+                    tensor_id: k.tensor_id as u32,
+                }),
+            })
+        };
+        let (cd, rd) = (dir(&out[0]), dir(&out[1]));
+        let (xp, r32, c32) = (x.ptr(), u32_of(rows, "rows")?, u32_of(cols, "cols")?);
+        let gy = rows.div_ceil(SLAB);
+        if gy > 65535 {
+            return Err(CudaError::Invalid(format!(
+                "nvfp4_tile: {rows} rows exceed the grid limit"
+            )));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of(cols.div_ceil(SLAB), "column slabs")?, gy as u32, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let name = by_dtype(dtype, "nvfp4_tile_f32", "nvfp4_tile_bf16");
+        let tile2d = tile2d as i32;
+        for phase in [Phase::Amax, Phase::Quantize] {
             let phase = phase as i32;
+            // Every output was allocated above for its direction's view, each state zeroed.
             launch_kernel!(
                 self,
                 &QUANTIZE_NVFP4,
                 name,
-                cfg_q,
+                cfg,
                 &xp,
-                &cp,
-                &sp,
-                &dp,
-                &amax,
-                &state,
                 &r32,
-                &len32,
-                &nb32,
-                &transposed,
-                &phase,
-                &hadamard,
-                &sr,
-                &key
-            )
-        };
-        let e4m3 = ElemFormat::E4M3FN;
-        let state = if cfg.hadamard || cfg.tile2d {
-            // The block amaxes first; their max (the bits read as f32) is A.
-            let amax = self.alloc(nblocks * 4)?;
-            launch(Phase::Amax, amax.ptr(), 0)?;
-            let (state, _) = self.fp8_amax_scale((&amax, DType::F32, nblocks), e4m3, false)?;
-            if cfg.tile2d {
-                let ntiles = vrows.div_ceil(NVFP4_BLOCK) * nb;
-                let (ap, stp) = (amax.ptr(), state.ptr());
-                // As nvfp4_tile_scales: amax and scales hold [rows, nb].
-                launch_kernel!(
-                    self,
-                    &QUANTIZE_NVFP4,
-                    "nvfp4_tile_scales",
-                    grid(ntiles as u64, THREADS as u64, THREADS)?,
-                    &ap,
-                    &sp,
-                    &stp,
-                    &r32,
-                    &nb32
-                )?;
-                launch(Phase::EncodeFixed, 0, stp)?;
-            } else {
-                launch(Phase::Quantize, 0, state.ptr())?;
-            }
-            state
-        } else {
-            // Without the rotation the tensor amax is that of x itself.
-            let (state, _) = self.fp8_amax_scale((x, dtype, rows * cols), e4m3, false)?;
-            launch(Phase::Quantize, 0, state.ptr())?;
-            state
-        };
-        Ok(Nvfp4Device {
-            rows: vrows,
-            len,
-            padded_len,
-            config: *cfg,
-            codes: q_codes,
-            scales,
-            deq: q_deq,
-            state,
-        })
+                &c32,
+                &cd,
+                &rd,
+                &tile2d,
+                &phase
+            )?;
+        }
+        Ok(out)
     }
 
     /// The BF16 GEMM operand decode(code) * s_q, `[rows, padded_len]`, of
@@ -295,17 +309,26 @@ impl CudaContext {
         if n == 0 {
             return Ok(out);
         }
-        let (cp, sp, op, n32) = (codes.ptr(), q.scales.ptr(), out.ptr(), u32_of(n, "blocks")?);
+        // One thread per half block (8 elements).
+        let halves = 2 * n;
+        let (cp, sp, op) = (codes.ptr(), q.scales.ptr(), out.ptr());
+        // The kernel numbers half blocks (and their threads) in 32 bits.
+        if halves + THREADS as usize > u32::MAX as usize {
+            return Err(CudaError::Invalid(format!(
+                "{n} NVFP4 blocks are over the 32-bit half-block index"
+            )));
+        }
+        let h32 = halves as u32;
         // As dequantize_nvfp4: codes and scales of n blocks, out n * 16 BF16.
         launch_kernel!(
             self,
             &QUANTIZE_NVFP4,
             "dequantize_nvfp4",
-            grid(n as u64, THREADS as u64, THREADS)?,
+            grid(halves as u64, THREADS as u64, THREADS)?,
             &cp,
             &sp,
             &op,
-            &n32
+            &h32
         )?;
         Ok(out)
     }
@@ -314,7 +337,7 @@ impl CudaContext {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::formats::bf16;
+    use crate::formats::{bf16, ElemFormat};
 
     /// The GEMM operand decode(code) * s_q is exact in BF16 for every E2M1
     /// code and every scale byte a block can get (2^-6 ..= 448).
@@ -329,9 +352,11 @@ mod tests {
         }
     }
 
-    /// The kernel's SR key argument is MxSrKey: four u32.
+    /// The kernel's SR key argument is MxSrKey: four u32; NvDir is four
+    /// pointers, two ints and the key.
     #[test]
-    fn sr_arg_is_four_words() {
+    fn kernel_structs_have_the_device_layout() {
         assert_eq!(std::mem::size_of::<SrArg>(), 16);
+        assert_eq!(std::mem::size_of::<NvDir>(), 56);
     }
 }

@@ -6,7 +6,7 @@
 //! | tensorwise FP8 | `fp8_cast_2d`: the codes and/or their transpose from one read, padded to 16; the amax check deferred | cuBLASLt FP8 with per-tensor scale pointers; the FNUZ formats, which NVIDIA lacks, decoded exactly to BF16, a BF16 GEMM and both scales after it |
 //! | FP8 rowwise / 128-block | `fp8_group`: E4M3 codes K-contiguous, padded to 16 (rows) and 16 or 128 (K), scales in the CPU's and the GEMM's layouts; the amax check deferred | cuBLASLt FP8 with `OUTER_VEC_32F` or `VEC128_32F` / `BLK128x128_32F` scales (hipBLASLt: rowwise on gfx950); else the dequantized f32 values in an f32 GEMM |
 //! | MX | `mx_tile`: one pass along rows and columns, writing codes (kept, or where the device multiplies them: gfx950) or the dequantized BF16 operand | the block-scaled GEMM of the codes where the device has one (gfx950, hipBLASLt `VEC32_UE8M0`); else BF16 GEMM of the dequantized blocks (Hopper has no FP4 MMA), codes dequantized first |
-//! | NVFP4 | `quantize_nvfp4` (`nvfp4.rs`) per copy: codes (kept) or the BF16 decode(code) * s_q; the amax check deferred | BF16 GEMM of decode(code) * s_q, both tensor scales t applied after it |
+//! | NVFP4 | `quantize_nvfp4_2d` (`nvfp4.rs`): both directions from one read after one amax pass, writing codes (kept) or the BF16 decode(code) * s_q; the amax checks deferred | BF16 GEMM of decode(code) * s_q, both tensor scales t applied after it |
 //!
 //! The bias goes into the GEMM's epilogue where cuBLASLt fuses an f32 bias,
 //! else into `lin_epilogue`; column sums are `lin_colsum`. A non-finite FP8

@@ -4,15 +4,16 @@
 //! (or the input itself); the FP8 copies of one format come from one
 //! `fp8_cast_2d` (codes and transpose); the MX copies of one element format,
 //! scale mode and tiling from one `mx_tile` pass per pair of rows/columns
-//! settings (Hadamard, stochastic rounding); each NVFP4 copy from its own
-//! `quantize_nvfp4` (its tensor scale depends on the axis under the
-//! Hadamard), shared by identical `now` requests.
+//! settings (Hadamard, stochastic rounding); the NVFP4 copies likewise from
+//! one `quantize_nvfp4_2d` pass per pair of directions (each direction with
+//! its own tensor amax, which the Hadamard makes depend on the axis),
+//! identical `now` requests sharing one copy.
 
 use std::sync::Arc;
 
 use super::lin_kernels::{act_in, r16, Out};
 use super::mx_tile::{MxOut, MxWant};
-use super::nvfp4::{Nvfp4Device, Nvfp4Outputs};
+use super::nvfp4::{along_index, Nvfp4Outputs};
 use super::operand::{aligned, mx_codes_native, Bf16Matrix, Buf, CudaOperand, Fp8Matrix};
 use super::quantize::Fp8Outputs;
 use super::{CudaError, CudaStorage};
@@ -72,6 +73,60 @@ fn mx_passes(reqs: &[(usize, MxConfig, Along, bool)]) -> Vec<MxPass> {
         w.codes |= codes;
         w.deq |= !codes;
         slots.push(slot);
+    }
+    passes
+}
+
+/// One direction of an NVFP4 pass: its settings, outputs, axis and the
+/// slots it serves.
+struct Nvfp4Dir {
+    cfg: Nvfp4Config,
+    outputs: Nvfp4Outputs,
+    along: Along,
+    slots: Vec<usize>,
+}
+
+/// One `quantize_nvfp4_2d` pass, indexed by [`along_index`].
+type Nvfp4Pass = [Option<Nvfp4Dir>; 2];
+
+/// Groups NVFP4 requests `(slot, config, along)` into passes, the kept
+/// copy's (`keep(request)`) first: a pass shares `tile2d`; each direction
+/// serves the requests of one configuration, the kept copy (codes) or
+/// `now` copies (the BF16 operand), never both, so a kept copy owns only
+/// its codes.
+fn nvfp4_passes<K>(reqs: &[(usize, Nvfp4Config, Along)], keep: K) -> Vec<Nvfp4Pass>
+where
+    K: Fn(&(usize, Nvfp4Config, Along)) -> bool,
+{
+    let (kept, now): (Vec<_>, Vec<_>) = reqs.iter().partition(|r| keep(r));
+    let mut passes: Vec<Nvfp4Pass> = Vec::new();
+    for (is_keep, &(slot, cfg, along)) in kept
+        .into_iter()
+        .map(|r| (true, r))
+        .chain(now.into_iter().map(|r| (false, r)))
+    {
+        let d = along_index(along);
+        let outputs = Nvfp4Outputs {
+            codes: is_keep,
+            deq: !is_keep,
+        };
+        let fits = |p: &Nvfp4Pass| {
+            p.iter().flatten().all(|o| o.cfg.tile2d == cfg.tile2d)
+                && p[d]
+                    .as_ref()
+                    .is_none_or(|o| !is_keep && o.cfg == cfg && o.outputs == outputs)
+        };
+        let i = passes.iter().position(fits).unwrap_or_else(|| {
+            passes.push([None, None]);
+            passes.len() - 1
+        });
+        let dir = passes[i][d].get_or_insert_with(|| Nvfp4Dir {
+            cfg,
+            outputs,
+            along,
+            slots: Vec::new(),
+        });
+        dir.slots.push(slot);
     }
     passes
 }
@@ -257,51 +312,47 @@ impl CudaStorage {
         Ok(())
     }
 
-    /// The NVFP4 requests `(slot, config, along)`: one quantization per
-    /// distinct `now` copy, writing the BF16 GEMM operand, and one for the
-    /// kept copy, writing codes. Its amax check is deferred, named as the
-    /// CPU names it (without the block).
+    /// One `quantize_nvfp4_2d` pass: both directions from one read, each
+    /// copy's amax check deferred, named as the CPU names it (without the
+    /// block).
     fn quantize_nvfp4(
         &self,
         (rows, cols): (usize, usize),
-        reqs: &[(usize, Nvfp4Config, Along)],
+        pass: Nvfp4Pass,
         label: &dyn Fn() -> String,
         out: &mut Slots<'_>,
     ) -> super::Result<()> {
         let ctx = self.device().context();
-        let mut done: Vec<(Nvfp4Config, Along, Arc<Nvfp4Device>)> = Vec::new();
-        // The kept copy first, as the CPU quantizes it, so that a
-        // non-finite input is reported for the same copy.
-        let (kept, now): (Vec<_>, Vec<_>) = reqs.iter().partition(|r| out.is_keep(r.0));
-        for &(slot, cfg, along) in kept.into_iter().chain(now) {
-            let keep = out.is_keep(slot);
-            let same = |d: &&(Nvfp4Config, Along, _)| !keep && d.0 == cfg && d.1 == along;
-            if let Some((.., q)) = done.iter().find(same) {
-                let q = q.clone();
-                out.put(slot, CudaOperand::Nvfp4 { q, along });
-                continue;
-            }
-            let outputs = Nvfp4Outputs {
-                codes: keep,
-                deq: !keep,
-            };
-            let x = (self.buffer(), self.dtype());
-            let q = Arc::new(ctx.quantize_nvfp4(x, (rows, cols), along, &cfg, outputs)?);
+        let x = (self.buffer(), self.dtype());
+        let want = |d: &Option<Nvfp4Dir>| d.as_ref().map(|d| (d.cfg, d.outputs));
+        let qs = ctx.quantize_nvfp4_2d(x, (rows, cols), [want(&pass[0]), want(&pass[1])])?;
+        let mut done: Vec<_> = pass.into_iter().zip(qs).collect();
+        // The kept copy's check first, as the CPU quantizes it first.
+        done.sort_by_key(|(d, _)| !d.as_ref().is_some_and(|d| d.outputs.codes));
+        for (d, q) in done {
+            let (Some(d), Some(q)) = (d, q) else { continue };
+            let along = d.along;
             let axis = usize::from(along == Along::Cols);
             let name = format!(
                 "{}: NVFP4 input of shape [{rows}, {cols}] along axis {axis}{}",
                 label(),
-                if cfg.hadamard {
+                if d.cfg.hadamard {
                     " (after the Hadamard)"
                 } else {
                     ""
                 }
             );
             ctx.defer_finite_check(q.amax_ptr(), name)?;
-            if !keep {
-                done.push((cfg, along, q.clone()));
+            let q = Arc::new(q);
+            for slot in d.slots {
+                out.put(
+                    slot,
+                    CudaOperand::Nvfp4 {
+                        q: q.clone(),
+                        along,
+                    },
+                );
             }
-            out.put(slot, CudaOperand::Nvfp4 { q, along });
         }
         Ok(())
     }
@@ -362,8 +413,11 @@ impl CudaStorage {
         for pass in mx_passes(&mx) {
             self.quantize_mx(dims, pass, &mut out)?;
         }
-        if !nvfp4.is_empty() {
-            self.quantize_nvfp4(dims, &nvfp4, req.label, &mut out)?;
+        // The kept copy's pass first, as the CPU quantizes it first, so that
+        // a non-finite input is reported for the same copy.
+        let keep = |r: &(usize, Nvfp4Config, Along)| out.is_keep(r.0);
+        for pass in nvfp4_passes(&nvfp4, keep) {
+            self.quantize_nvfp4(dims, pass, req.label, &mut out)?;
         }
         let now: Vec<CudaOperand<'a>> = out.now.into_iter().flatten().collect();
         if now.len() != req.now.len() || out.keep.is_some() != req.keep.is_some() {
@@ -375,5 +429,52 @@ impl CudaStorage {
             now,
             keep: out.keep,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slots(p: &Nvfp4Pass) -> [Option<(Vec<usize>, bool)>; 2] {
+        p.each_ref()
+            .map(|d| d.as_ref().map(|d| (d.slots.clone(), d.outputs.codes)))
+    }
+
+    /// The linear's requests: x (its operand along the columns, its kept
+    /// Hadamard copy along the rows) and dy (two SR operands) take one pass
+    /// each; identical `now` copies share a direction; a kept copy never
+    /// shares one with `now` copies, and tilings never share a pass.
+    #[test]
+    fn nvfp4_requests_group_into_two_direction_passes() {
+        let plain = Nvfp4Config::default();
+        let had = Nvfp4Config {
+            hadamard: true,
+            ..plain
+        };
+        let tiles = Nvfp4Config {
+            tile2d: true,
+            ..plain
+        };
+        let x = [(0, plain, Along::Cols), (1, had, Along::Rows)];
+        let p = nvfp4_passes(&x, |r| r.0 == 1);
+        assert_eq!(p.len(), 1);
+        assert_eq!(
+            slots(&p[0]),
+            [Some((vec![0], false)), Some((vec![1], true))]
+        );
+
+        let same = [
+            (0, plain, Along::Cols),
+            (1, plain, Along::Cols),
+            (2, plain, Along::Cols),
+        ];
+        let p = nvfp4_passes(&same, |r| r.0 == 2);
+        assert_eq!(p.len(), 2);
+        assert_eq!(slots(&p[0]), [Some((vec![2], true)), None]);
+        assert_eq!(slots(&p[1]), [Some((vec![0, 1], false)), None]);
+
+        let mixed = [(0, plain, Along::Cols), (1, tiles, Along::Rows)];
+        assert_eq!(nvfp4_passes(&mixed, |_| false).len(), 2);
     }
 }

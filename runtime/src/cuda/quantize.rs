@@ -42,7 +42,7 @@ const FP8_STATE_BYTES: usize = 48;
 const FP8_SCALE_INV_OFFSET: u64 = 32;
 
 /// `phase` argument of quantize_mx_* (enum Phase in quantize_mx.cu) and
-/// of quantize_nvfp4_* (enum NvPhase, the same values).
+/// of nvfp4_tile_* (NV_PHASE_QUANTIZE and NV_PHASE_AMAX, the same values).
 #[derive(Clone, Copy)]
 #[repr(i32)]
 pub(super) enum Phase {

@@ -1,7 +1,8 @@
 //! The NVFP4 quantizer (SPEC 2b): every configuration (16x16 tiles,
-//! Hadamard, stochastic rounding on/off) along both axes of awkward
-//! matrices, with f32 and BF16 input, against `quant::quantize_nvfp4` byte
-//! for byte: packed codes, E4M3 scale bytes and the tensor scale's bits;
+//! Hadamard, stochastic rounding on/off) along either axis and along both
+//! at once (every pair of one tiling, from one pass) of awkward matrices,
+//! with f32 and BF16 input, against `quant::quantize_nvfp4` byte for byte:
+//! packed codes, E4M3 scale bytes and the tensor scale's bits;
 //! the BF16 GEMM operand equals decode(code) * s_q of the CPU's bytes, from
 //! the quantizer and from the kept codes; a tensor the CPU refuses (NaN,
 //! Inf, an overflowing Hadamard sum) leaves a non-finite amax on the GPU.
@@ -167,24 +168,18 @@ fn compare_bytes(ctx: &CudaContext, g: &Nvfp4Device, c: &Nvfp4Tensor, along: Alo
     bad
 }
 
-/// One configuration and axis on one matrix: bit-exact, or both refuse.
-#[allow(clippy::too_many_arguments)]
-fn compare_nv(
+/// One direction's GPU result against the CPU: bit-exact, or both refuse.
+fn check_dir(
     ctx: &CudaContext,
-    (xd, dtype): (&DevBuf, DType),
+    g: &Nvfp4Device,
     x: &[f32],
     dims: (usize, usize),
     along: Along,
     cfg: &Nvfp4Config,
 ) -> Result<(), String> {
     let what = || describe(cfg, along);
-    let outputs = Nvfp4Outputs {
-        codes: true,
-        deq: true,
-    };
-    let g = gpu(ctx.quantize_nvfp4((xd, dtype), dims, along, cfg, outputs))?;
     match cpu_quantize(x, dims, along, cfg) {
-        Ok(c) => none_bad(compare_bytes(ctx, &g, &c, along), what),
+        Ok(c) => none_bad(compare_bytes(ctx, g, &c, along), what),
         Err(Error::NonFiniteAmax { amax, .. }) => {
             let (ga, _) = gpu(g.read_scales(ctx))?;
             let same = ga.is_nan() == amax.is_nan() && ga.is_infinite() == amax.is_infinite();
@@ -200,6 +195,49 @@ fn compare_nv(
     }
 }
 
+const BOTH: Nvfp4Outputs = Nvfp4Outputs {
+    codes: true,
+    deq: true,
+};
+
+/// One configuration and axis on one matrix: bit-exact, or both refuse.
+fn compare_nv(
+    ctx: &CudaContext,
+    (xd, dtype): (&DevBuf, DType),
+    x: &[f32],
+    dims: (usize, usize),
+    along: Along,
+    cfg: &Nvfp4Config,
+) -> Result<(), String> {
+    let g = gpu(ctx.quantize_nvfp4((xd, dtype), dims, along, cfg, BOTH))?;
+    check_dir(ctx, &g, x, dims, along, cfg)
+}
+
+/// Both directions from one pass (`c` along the columns, `r` along the
+/// rows, the same tiling): each bit-exact with its own CPU quantization.
+fn compare_pair(
+    ctx: &CudaContext,
+    xd: (&DevBuf, DType),
+    x: &[f32],
+    dims: (usize, usize),
+    (c, r): (&Nvfp4Config, &Nvfp4Config),
+) -> Result<(), String> {
+    let [gc, gr] = gpu(ctx.quantize_nvfp4_2d(xd, dims, [Some((*c, BOTH)), Some((*r, BOTH))]))?;
+    let pair = |e: String| {
+        format!(
+            "both at once ({} | {}): {e}",
+            describe(c, Along::Cols),
+            describe(r, Along::Rows)
+        )
+    };
+    let (gc, gr) = (
+        gc.ok_or("no copy along cols")?,
+        gr.ok_or("no copy along rows")?,
+    );
+    check_dir(ctx, &gc, x, dims, Along::Cols, c).map_err(pair)?;
+    check_dir(ctx, &gr, x, dims, Along::Rows, r).map_err(pair)
+}
+
 /// Every configuration along both axes of one matrix; one report line.
 fn nv_sweep(
     ctx: &CudaContext,
@@ -213,12 +251,19 @@ fn nv_sweep(
         let (xd, x) = device_input(ctx, x, dtype)?;
         let d = dtype_name(dtype);
         let mut cases = Cases::new(
-            format!("configs x axes, {d} input: codes, scale bytes, t and BF16 operand bit-exact (or both refuse)"),
+            format!("configs x axes, one axis and both at once, {d} input: codes, scale bytes, t and BF16 operand bit-exact (or both refuse)"),
             format!("configs x axes differ ({d} input)"),
         );
-        for cfg in &all_configs() {
+        let configs = all_configs();
+        for cfg in &configs {
             for along in [Along::Cols, Along::Rows] {
                 cases.add(compare_nv(ctx, (&xd, dtype), &x, dims, along, cfg));
+            }
+        }
+        // Both directions at once: every pair of configurations of one tiling.
+        for c in &configs {
+            for r in configs.iter().filter(|r| r.tile2d == c.tile2d) {
+                cases.add(compare_pair(ctx, (&xd, dtype), &x, dims, (c, r)));
             }
         }
         cases.result()
@@ -227,8 +272,9 @@ fn nv_sweep(
 
 pub fn check_nvfp4_random(ctx: &CudaContext, rep: &mut Report) {
     // Lengths on both sides of 16 along either axis, tile rows cut short,
-    // BF16 vector loads (len % 8 == 0) with a partial last block, a long row.
-    let shapes: [(usize, usize); 12] = [
+    // BF16 vector loads (len % 8 == 0) with a partial last block, a long row,
+    // several 64x64 slabs each way (partial, with and without vector loads).
+    let shapes: [(usize, usize); 14] = [
         (1, 1),
         (3, 17),
         (2, 15),
@@ -241,6 +287,8 @@ pub fn check_nvfp4_random(ctx: &CudaContext, rep: &mut Report) {
         (70, 8),
         (33, 64),
         (64, 993),
+        (150, 131),
+        (136, 200),
     ];
     for dtype in [DType::F32, DType::BF16] {
         for (i, &(rows, cols)) in shapes.iter().enumerate() {
@@ -364,15 +412,22 @@ pub fn check_nvfp4_golden(ctx: &CudaContext, rep: &mut Report) {
         let d = dtype_name(dtype);
         rep.check(&format!("nvfp4 golden vectors {d}, GPU vs CPU"), || {
             let mut cases = Cases::new(
-                format!("vectors x configs x axes, {d} input: bytes, t and BF16 operand bit-exact (or both refuse)"),
+                format!("vectors x configs x axes (one and both at once), {d} input: bytes, t and BF16 operand bit-exact (or both refuse)"),
                 format!("cases differ ({d} input)"),
             );
             for v in &vectors {
                 let (xd, x) = device_input(ctx, &v.x, dtype)?;
-                for cfg in &all_configs() {
+                let (configs, dims) = (all_configs(), (v.rows, v.len));
+                for cfg in &configs {
                     for along in [Along::Cols, Along::Rows] {
-                        let r = compare_nv(ctx, (&xd, dtype), &x, (v.rows, v.len), along, cfg);
+                        let r = compare_nv(ctx, (&xd, dtype), &x, dims, along, cfg);
                         cases.add(r.map_err(|e| format!("{}: {e}", v.name)));
+                    }
+                }
+                for c in &configs {
+                    for r in configs.iter().filter(|r| r.tile2d == c.tile2d) {
+                        let res = compare_pair(ctx, (&xd, dtype), &x, dims, (c, r));
+                        cases.add(res.map_err(|e| format!("{}: {e}", v.name)));
                     }
                 }
             }

@@ -1,12 +1,17 @@
 //! Quantizer speed at 8192x8192: the `quantizer speed:` line, and one
 //! `BENCH quantize <name> elems= ms= gbps= copy_ratio=` line per quantizer
+//! (MX, FP8, and NVFP4 one direction and both at once as the linear asks)
 //! beside a device-to-device copy of the BF16 tensor, whose outputs are then
 //! checked against the CPU bit for bit.
 
+use mxswitch_runtime::backend::Along;
 use mxswitch_runtime::cuda::quantize::Fp8Outputs;
-use mxswitch_runtime::cuda::{CudaContext, DequantLayout};
+use mxswitch_runtime::cuda::{CudaContext, DequantLayout, DevBuf, Nvfp4Device, Nvfp4Outputs};
 use mxswitch_runtime::formats::{e8m0, ElemFormat};
-use mxswitch_runtime::quant::{quantize_rows, quantize_tensorwise, MxConfig};
+use mxswitch_runtime::quant::{
+    quantize_nvfp4, quantize_nvfp4_rows, quantize_rows, quantize_tensorwise, MxConfig, Nvfp4Config,
+    Nvfp4Tensor,
+};
 use mxswitch_runtime::DType;
 
 use crate::common::{copy_dtod, device_input, gpu, mean_ms, median_ms, normal_data, Report, Start};
@@ -95,7 +100,6 @@ pub fn bench_quantizers(ctx: &CudaContext, rep: &mut Report) {
             rows: true,
             cols: true,
         };
-        type Job<'a> = (&'static str, Box<dyn Fn() -> Result<(), String> + 'a>);
         let jobs: Vec<Job> = vec![
             (
                 "copy_bf16",
@@ -129,6 +133,10 @@ pub fn bench_quantizers(ctx: &CudaContext, rep: &mut Report) {
                 Box::new(|| gpu(ctx.quantize_fp8_of(&xf, DType::F32, n, e4, false)).map(|_| ())),
             ),
         ];
+        let jobs: Vec<Job> = jobs
+            .into_iter()
+            .chain(nvfp4_jobs(ctx, (&xb, &xf), (rows, cols)))
+            .collect();
         let mut copy_ms = 0.0;
         let mut summary = Vec::new();
         for (name, f) in &jobs {
@@ -144,7 +152,7 @@ pub fn bench_quantizers(ctx: &CudaContext, rep: &mut Report) {
             summary.push(format!("{name} {:.3}x", copy_ms / ms));
         }
         // The timed kernels at this size must still be exact.
-        let mut bad = Vec::new();
+        let mut bad: Vec<&str> = Vec::new();
         let q = gpu(ctx.quantize_mx_rows_of(&xb, DType::BF16, rows, cols, &mx))?;
         let cpu = quantize_rows(&xw, rows, cols, &mx).map_err(|e| e.to_string())?;
         let codes: Vec<u8> = gpu(ctx.download(&q.codes, q.code_bytes()))?;
@@ -167,6 +175,7 @@ pub fn bench_quantizers(ctx: &CudaContext, rep: &mut Report) {
         if got != want || got_t != want_t {
             bad.push("fp8 2-D bf16 codes or transposed codes differ from the CPU");
         }
+        bad.extend(nvfp4_exact(ctx, &xb, &xw, (rows, cols))?);
         if bad.is_empty() {
             Ok(format!(
                 "{rows}x{cols}, medians of {runs} (copy {copy_ms:.4} ms): {}; outputs bit-exact",
@@ -176,4 +185,103 @@ pub fn bench_quantizers(ctx: &CudaContext, rep: &mut Report) {
             Err(bad.join("; "))
         }
     });
+}
+
+type Job<'a> = (&'static str, Box<dyn Fn() -> Result<(), String> + 'a>);
+
+/// The NVFP4 quantizations the linear asks for (`nvfp4` recipe): x's
+/// forward operand and kept Hadamard copy, dy's two SR operands, the f32
+/// weight's 16x16-tiled operand and kept copy (each one pass, both
+/// directions), and one direction alone.
+fn nvfp4_jobs<'a>(
+    ctx: &'a CudaContext,
+    (xb, xf): (&'a DevBuf, &'a DevBuf),
+    dims: (usize, usize),
+) -> Vec<Job<'a>> {
+    let plain = Nvfp4Config::default();
+    let had = Nvfp4Config {
+        hadamard: true,
+        ..plain
+    };
+    let sr = |c: Nvfp4Config| Nvfp4Config {
+        sr: Some(SR_KEY),
+        ..c
+    };
+    let tiles = Nvfp4Config {
+        tile2d: true,
+        ..plain
+    };
+    let (codes, deq) = (
+        Nvfp4Outputs {
+            codes: true,
+            deq: false,
+        },
+        Nvfp4Outputs {
+            codes: false,
+            deq: true,
+        },
+    );
+    let both = move |x: &'a DevBuf, dtype: DType, c: (Nvfp4Config, Nvfp4Outputs), r| -> Job<'a> {
+        let name = match (dtype, c.0.tile2d, c.0.sr.is_some()) {
+            (_, true, _) => "nvfp4_w_16x16_both_f32",
+            (_, _, true) => "nvfp4_dy_both_sr_bf16",
+            _ => "nvfp4_x_both_bf16",
+        };
+        let f =
+            move || gpu(ctx.quantize_nvfp4_2d((x, dtype), dims, [Some(c), Some(r)])).map(|_| ());
+        (name, Box::new(f))
+    };
+    vec![
+        (
+            "nvfp4_1x16_bf16",
+            Box::new(move || {
+                gpu(ctx.quantize_nvfp4((xb, DType::BF16), dims, Along::Cols, &plain, codes))
+                    .map(|_| ())
+            }),
+        ),
+        both(xb, DType::BF16, (plain, deq), (had, codes)),
+        both(xb, DType::BF16, (sr(plain), deq), (sr(had), deq)),
+        both(xf, DType::F32, (tiles, deq), (tiles, codes)),
+    ]
+}
+
+/// The NVFP4 bench shapes stay exact: one direction alone, and both
+/// directions of x from one pass, against the CPU.
+fn nvfp4_exact(
+    ctx: &CudaContext,
+    xb: &DevBuf,
+    xw: &[f32],
+    (rows, cols): (usize, usize),
+) -> Result<Vec<&'static str>, String> {
+    let had = Nvfp4Config {
+        hadamard: true,
+        ..Nvfp4Config::default()
+    };
+    let out = Nvfp4Outputs {
+        codes: true,
+        deq: false,
+    };
+    let x = (xb, DType::BF16);
+    let plain = Nvfp4Config::default();
+    let [gc, gr] =
+        gpu(ctx.quantize_nvfp4_2d(x, (rows, cols), [Some((plain, out)), Some((had, out))]))?;
+    let one = gpu(ctx.quantize_nvfp4(x, (rows, cols), Along::Cols, &plain, out))?;
+    let cpu_c = quantize_nvfp4_rows(xw, rows, cols, &plain).map_err(|e| e.to_string())?;
+    let cpu_r = quantize_nvfp4(xw, &[rows, cols], 0, &had).map_err(|e| e.to_string())?;
+    let mut bad = Vec::new();
+    let same = |g: &Nvfp4Device, c: &Nvfp4Tensor, along| -> Result<bool, String> {
+        let t = gpu(g.to_tensor(ctx, along))?;
+        Ok(t.codes == c.codes
+            && t.scales == c.scales
+            && t.tensor_scale.to_bits() == c.tensor_scale.to_bits())
+    };
+    let gc = gc.ok_or("no NVFP4 copy along cols")?;
+    let gr = gr.ok_or("no NVFP4 copy along rows")?;
+    if !same(&one, &cpu_c, Along::Cols)? || !same(&gc, &cpu_c, Along::Cols)? {
+        bad.push("nvfp4 bf16 codes, scales or t along cols differ from the CPU");
+    }
+    if !same(&gr, &cpu_r, Along::Rows)? {
+        bad.push("nvfp4 bf16 Hadamard codes, scales or t along rows differ from the CPU");
+    }
+    Ok(bad)
 }
