@@ -78,7 +78,7 @@ pub const QUANTIZE_MX: KernelSource = kernel_source!("quantize_mx.cu");
 pub const QUANTIZE_FP8: KernelSource = kernel_source!("quantize_fp8.cu");
 
 /// Every kernel source of the backend, for compile checks.
-pub fn all_sources() -> [KernelSource; 8] {
+pub fn all_sources() -> [KernelSource; 9] {
     [
         QUANTIZE_MX,
         QUANTIZE_FP8,
