@@ -221,7 +221,9 @@ impl CudaContext {
                 continue;
             }
             let (kp, gpr, rp) = (stored_len(cfg, l), groups_per_row(cfg, l), r16(r));
-            (u32_of(rp, "padded rows")?, u32_of(kp, "row length")?);
+            // The encoder's sizes are u32 (Fp8gOut).
+            u32_of(rp, "padded rows")?;
+            u32_of(kp, "row length")?;
             out[d] = Some(Fp8GroupDevice {
                 rows: r,
                 len: l,
