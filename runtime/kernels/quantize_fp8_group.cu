@@ -2,80 +2,53 @@
 // runtime/src/quant/fp8_group.rs). E4M3FN codes, one f32 scale per group of
 // the axis-last view: a whole row (rowwise) or 128 consecutive elements.
 //
-// The input is a row-major [rows, cols] matrix (f32 or BF16). DIR_COLS
-// quantizes along its columns (axis-last row r is input row r), DIR_ROWS
-// along its rows (axis-last row r is input column r). In both, R is the
-// number of axis-last rows, L their length, and a thread covers a segment
-// of 16 consecutive elements of one axis-last row; a segment never
-// straddles two groups (groups are 128 long or a whole row, segments start
-// at multiples of 16). Along the columns a warp's segments are consecutive
-// in memory; along the rows a warp takes 32 neighbouring columns, so each of
-// its 16 loads is one contiguous row piece.
-//
-// Four launches, stream-ordered, no host sync:
-//   fp8g_amax_<dir>_<in>   amax[r * gpr + g] = max |x| bits of group g of
-//                          row r (an atomicMax per segment into a zeroed
-//                          buffer; NaN > Inf > finite in that order)
-//   fp8g_scales            per group, or per 128 x 128 tile with tile2d (the
-//                          largest of its groups' amaxes), scale = SPEC 3's
-//                          amax_to_scale with fmt_max = 448, scale_inv =
-//                          fl32(1 / scale), stored [R, gpr] as the CPU has
-//                          them, scale_inv also as the GEMM reads it, and the
-//                          largest amax into *flag (the deferred finite check)
-//   fp8g_encode_<dir>_<in> codes [r_pad, kp]: satfinite(RNE(fl32(x * scale)))
-//                          for the real elements, 0 for the padding
-//   fp8g_dequantize        decode(code) * scale_inv, f32 [r_pad, kp] (the
-//                          GEMM operand where no scaled FP8 GEMM runs)
-// gpr is the groups per row, glen the elements per group (L, at least 1, for
-// rowwise; 128 for blocks), kp the stored row length (a multiple of 16 that
-// holds L, or of 128 for blocks) and r_pad R rounded up to 16.
-//
-// The GEMM's scale_inv layouts (cuBLASLt's scale modes):
+// The input is a row-major [rows, cols] matrix (f32 or BF16). A linear asks
+// for it along its columns (the "c" direction: axis-last row r is input row
+// r, L = cols), along its rows (the "r" direction: axis-last row r is input
+// column r, L = rows), or both; both come from two reads of the input:
+//   fp8g_amax2d_<in>   one 64 x 64 tile per CTA: the amax of each row piece
+//                      and of each column piece (max |x| bits, so NaN > Inf >
+//                      finite), reduced in shared memory, one word per piece:
+//                      part_c[(c0 / 64) * rows + r], part_r[(r0 / 64) * cols + c]
+//                      (partial-major, so the second level reads coalesced);
+//   fp8g_scales        per direction, per group (or per 128 x 128 tile with
+//                      tile2d: the largest of its groups' amaxes) the max of
+//                      its pieces (2 for a block, all of the row for rowwise),
+//                      scale = SPEC 3's amax_to_scale with fmt_max = 448, and
+//                      scale_inv = fl32(1 / scale) in the GEMM's layout; the
+//                      largest amax into *flag (the deferred finite check);
+//   fp8g_encode2d_<in> one 64 x 64 tile per CTA, read once: codes
+//                      satfinite(RNE(fl32(x * scale))), 0 for the padding, in
+//                      both directions, each written with coalesced 16-byte
+//                      stores (the "r" codes through a transposed tile in
+//                      shared memory, as fp8_cast_2d in quantize_fp8.cu);
+//   fp8g_dequantize    decode(code) * scale_inv, f32 [r_pad, kp] (the GEMM
+//                      operand where no scaled FP8 GEMM runs).
+// Per direction: R axis-last rows of L, gpr groups per row, glen elements
+// per group (L, at least 1, for rowwise; 128 for blocks), kp the stored row
+// length (a multiple of 16 that holds L, or of 128 for blocks) and r_pad R
+// rounded up to 16. codes are [r_pad, kp], scales [R, gpr] (the encoder's
+// multipliers), and scale_inv only as the GEMM reads it (cuBLASLt's modes):
 //   vec[g * r_pad + r]       OUTER_VEC_32F (gpr = 1) and VEC128_32F: one
 //                            vector over the rows per 128-block, padding 0
 //   blk[(r / 128) * gpr + g] BLK128x128_32F (tile2d): tile row by tile row
 
-#define DIR_COLS 0
-#define DIR_ROWS 1
 #define FP8G_THREADS 256
+#define FP8G_TILE 64
 #define FP8G_SEG 16
-#define FP8G_TILE 128
+#define FP8G_BLOCK 128
 
 typedef E4M3FN Fp8gFmt;
 
-// Axis-last rows and their length of a [rows, cols] input along DIR.
-template <int DIR>
-__device__ __forceinline__ void axis_view(u32 rows, u32 cols, u32& R, u32& L) {
-    R = DIR == DIR_COLS ? rows : cols;
-    L = DIR == DIR_COLS ? cols : rows;
-}
-
-// Segment t of the padded view [r_pad, kp]: its row r and first element c0.
-template <int DIR>
-__device__ __forceinline__ bool segment_of(u64 t, u32 r_pad, u32 kp, u32& r, u32& c0) {
-    const u32 nseg = kp / FP8G_SEG;
-    if (t >= (u64)r_pad * nseg) return false;
-    if (DIR == DIR_COLS) {
-        r = (u32)(t / nseg);
-        c0 = (u32)(t % nseg) * FP8G_SEG;
-    } else {
-        r = (u32)(t % r_pad);
-        c0 = (u32)(t / r_pad) * FP8G_SEG;
-    }
-    return true;
-}
-
-// The 16 values of segment (r, c0), zero outside the input.
-template <class In, int DIR>
-__device__ __forceinline__ void load_segment(const void* __restrict__ x, u32 rows, u32 cols, u32 r, u32 c0,
-                                             float* v) {
-    u32 R, L;
-    axis_view<DIR>(rows, cols, R, L);
-    if (DIR == DIR_COLS && r < R && cols % In::VEC == 0 && c0 + FP8G_SEG <= L) {
+// The 16 values of input row r from column c, zero outside the input.
+template <class In>
+__device__ __forceinline__ void fp8g_load16(const void* __restrict__ x, u32 rows, u32 cols, u32 r, u32 c,
+                                            float* v) {
+    if (r < rows && cols % In::VEC == 0 && c + FP8G_SEG <= cols) {
         constexpr int NV = FP8G_SEG / In::VEC;
         Vec16 q[NV];
 #pragma unroll
-        for (int k = 0; k < NV; ++k) q[k] = In::load_vec(x, (u64)r * cols + c0 + k * In::VEC);
+        for (int k = 0; k < NV; ++k) q[k] = In::load_vec(x, (u64)r * cols + c + k * In::VEC);
 #pragma unroll
         for (int k = 0; k < NV; ++k) {
 #pragma unroll
@@ -84,129 +57,202 @@ __device__ __forceinline__ void load_segment(const void* __restrict__ x, u32 row
         return;
     }
 #pragma unroll
-    for (int j = 0; j < FP8G_SEG; ++j) {
-        const u64 at = DIR == DIR_COLS ? (u64)r * cols + c0 + j : (u64)(c0 + j) * cols + r;
-        v[j] = r < R && c0 + j < L ? In::load(x, at) : 0.0f;
-    }
+    for (int j = 0; j < FP8G_SEG; ++j) v[j] = r < rows && c + j < cols ? In::load(x, (u64)r * cols + c + j) : 0.0f;
 }
 
-template <class In, int DIR>
-__device__ __forceinline__ void fp8g_amax(const void* __restrict__ x, u32 rows, u32 cols, u32 r_pad, u32 kp,
-                                          u32 gpr, u32 glen, u32* __restrict__ amax) {
-    u32 r, c0, R, L;
-    axis_view<DIR>(rows, cols, R, L);
-    if (!segment_of<DIR>((u64)blockIdx.x * FP8G_THREADS + threadIdx.x, r_pad, kp, r, c0)) return;
-    if (r >= R || c0 >= L) return;
+// Thread (tr, tc) of a tile owns row tr, columns tc .. tc + 15: a warp
+// covers 32 rows, each read in whole sectors.
+__device__ __forceinline__ u32 fp8g_tr() { return threadIdx.x % FP8G_TILE; }
+__device__ __forceinline__ u32 fp8g_tc() { return threadIdx.x / FP8G_TILE * FP8G_SEG; }
+
+template <class In>
+__device__ __forceinline__ void fp8g_amax2d(const void* __restrict__ x, u32 rows, u32 cols,
+                                            u32* __restrict__ part_c, u32* __restrict__ part_r) {
+    __shared__ u32 a[FP8G_TILE][FP8G_TILE + 1];
+    __shared__ u32 red_c[4][FP8G_TILE], red_r[4][FP8G_TILE];
+    const u32 tiles_x = (cols + FP8G_TILE - 1) / FP8G_TILE;
+    const u32 r0 = blockIdx.x / tiles_x * FP8G_TILE, c0 = blockIdx.x % tiles_x * FP8G_TILE;
+    const u32 tr = fp8g_tr(), tc = fp8g_tc();
     float v[FP8G_SEG];
-    load_segment<In, DIR>(x, rows, cols, r, c0, v);
+    fp8g_load16<In>(x, rows, cols, r0 + tr, c0 + tc, v);
+    red_c[tc / FP8G_SEG][tr] = amax_bits<FP8G_SEG>(v);
+#pragma unroll
+    for (int i = 0; i < FP8G_SEG; ++i) a[tr][tc + i] = f2u(v[i]) & 0x7FFFFFFFu;
+    __syncthreads();
+    // Thread (quarter q, column j): the max over 16 rows of column j.
+    const u32 j = threadIdx.x % FP8G_TILE, q = threadIdx.x / FP8G_TILE;
     u32 m = 0u;
 #pragma unroll
-    for (int j = 0; j < FP8G_SEG; ++j) {
-        const u32 a = f2u(v[j]) & 0x7FFFFFFFu;
+    for (int i = 0; i < FP8G_SEG; ++i) m = a[q * FP8G_SEG + i][j] > m ? a[q * FP8G_SEG + i][j] : m;
+    red_r[q][j] = m;
+    __syncthreads();
+    if (q >= 2) return;
+    const u32(*red)[FP8G_TILE] = q == 0 ? red_c : red_r;
+    m = 0u;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) m = red[k][j] > m ? red[k][j] : m;
+    if (q == 0 && part_c && r0 + j < rows) part_c[(u64)(c0 / FP8G_TILE) * rows + r0 + j] = m;
+    if (q == 1 && part_r && c0 + j < cols) part_r[(u64)(r0 / FP8G_TILE) * cols + c0 + j] = m;
+}
+
+// The max of part[p * R + r] over p in [p0, p1).
+__device__ __forceinline__ u32 fp8g_pieces(const u32* __restrict__ part, u32 R, u32 r, u32 p0, u32 p1) {
+    u32 m = 0u;
+    for (u32 p = p0; p < p1; ++p) {
+        const u32 a = part[(u64)p * R + r];
         m = a > m ? a : m;
     }
-    atomicMax(&amax[(u64)r * gpr + c0 / glen], m);
+    return m;
 }
 
-// Scale and inverse of group (r, g) with amax bits m, in every layout.
-__device__ __forceinline__ void put_scale(u32 r, u32 g, u32 m, u32 gpr, u32 r_pad, int pow2, float* scales,
-                                          float* scale_inv, float* vec) {
+// Group g of row r with amax bits m: its scale and, in the GEMM's layout,
+// its inverse.
+__device__ __forceinline__ float fp8g_put(u32 r, u32 g, u32 m, u32 gpr, u32 r_pad, int pow2, float* scales,
+                                          float* vec) {
     const float s = fp8_amax_to_scale(m, Fp8gFmt::max_value(), pow2);
-    const float inv = 1.0f / s;
     scales[(u64)r * gpr + g] = s;
-    scale_inv[(u64)r * gpr + g] = inv;
-    vec[(u64)g * r_pad + r] = inv;
+    vec[(u64)g * r_pad + r] = 1.0f / s;
+    return s;
 }
 
-// One thread per group, or with tile2d per (tile row, group column).
+// One thread per group, or with tile2d per (tile row, group column). Group
+// g of row r is the pieces [g * ppg, (g + 1) * ppg) of the np of its row.
 extern "C" __global__ void __launch_bounds__(FP8G_THREADS)
-    fp8g_scales(const u32* __restrict__ amax, u32 R, u32 gpr, int tile2d, int pow2, u32 r_pad,
-                float* __restrict__ scales, float* __restrict__ scale_inv, float* __restrict__ vec,
-                float* __restrict__ blk, u32* __restrict__ flag) {
+    fp8g_scales(const u32* __restrict__ part, u32 R, u32 np, u32 ppg, u32 gpr, int tile2d, int pow2, u32 r_pad,
+                float* __restrict__ scales, float* __restrict__ vec, float* __restrict__ blk,
+                u32* __restrict__ flag) {
     const u64 t = (u64)blockIdx.x * FP8G_THREADS + threadIdx.x;
     if (!tile2d) {
+        // Consecutive threads take consecutive rows: coalesced piece reads.
         if (t >= (u64)R * gpr) return;
-        const u32 r = (u32)(t / gpr), g = (u32)(t % gpr);
-        const u32 m = amax[t];
-        put_scale(r, g, m, gpr, r_pad, pow2, scales, scale_inv, vec);
+        const u32 r = (u32)(t % R), g = (u32)(t / R);
+        const u32 p1 = (g + 1) * ppg < np ? (g + 1) * ppg : np;
+        const u32 m = fp8g_pieces(part, R, r, g * ppg, p1);
+        fp8g_put(r, g, m, gpr, r_pad, pow2, scales, vec);
         atomicMax(flag, m);
         return;
     }
-    const u32 tiles = (R + FP8G_TILE - 1) / FP8G_TILE;
+    const u32 tiles = (R + FP8G_BLOCK - 1) / FP8G_BLOCK;
     if (t >= (u64)tiles * gpr) return;
     const u32 tr = (u32)(t / gpr), g = (u32)(t % gpr);
-    const u32 r0 = tr * FP8G_TILE;
-    const u32 r1 = r0 + FP8G_TILE < R ? r0 + FP8G_TILE : R;
+    const u32 r0 = tr * FP8G_BLOCK;
+    const u32 r1 = r0 + FP8G_BLOCK < R ? r0 + FP8G_BLOCK : R;
+    const u32 p1 = (g + 1) * ppg < np ? (g + 1) * ppg : np;
     u32 m = 0u;
     for (u32 r = r0; r < r1; ++r) {
-        const u32 a = amax[(u64)r * gpr + g];
+        const u32 a = fp8g_pieces(part, R, r, g * ppg, p1);
         m = a > m ? a : m;
     }
-    for (u32 r = r0; r < r1; ++r) put_scale(r, g, m, gpr, r_pad, pow2, scales, scale_inv, vec);
-    blk[(u64)tr * gpr + g] = 1.0f / fp8_amax_to_scale(m, Fp8gFmt::max_value(), pow2);
+    float s = 1.0f;
+    for (u32 r = r0; r < r1; ++r) s = fp8g_put(r, g, m, gpr, r_pad, pow2, scales, vec);
+    blk[(u64)tr * gpr + g] = 1.0f / s;
     atomicMax(flag, m);
 }
 
-template <class In, int DIR>
-__device__ __forceinline__ void fp8g_encode(const void* __restrict__ x, u32 rows, u32 cols, u32 r_pad, u32 kp,
-                                            u32 gpr, u32 glen, const float* __restrict__ scales,
-                                            u8* __restrict__ codes) {
-    u32 r, c0, R, L;
-    axis_view<DIR>(rows, cols, R, L);
-    if (!segment_of<DIR>((u64)blockIdx.x * FP8G_THREADS + threadIdx.x, r_pad, kp, r, c0)) return;
-    Vec16 w;
-    w.w[0] = w.w[1] = w.w[2] = w.w[3] = 0u;
-    if (r < R && c0 < L) {
-        const float s = scales[(u64)r * gpr + c0 / glen];
-        float q[FP8G_SEG];
-        load_segment<In, DIR>(x, rows, cols, r, c0, q);
+// One direction of fp8g_encode2d (struct Fp8gOut in src/cuda/fp8_group.rs);
+// codes null = not wanted.
+struct Fp8gOut {
+    u8* codes;
+    const float* scales;
+    u32 kp;
+    u32 r_pad;
+    u32 gpr;
+    u32 glen;
+};
+
+// The codes of q[i] = x[i] * s[i]: a finite non-zero scale means a finite
+// amax, so every product is finite and the fast encoder gives encode_rne's
+// bits; otherwise (a group the finite check refuses) encode_rne itself.
+// Elements with keep bit i clear (padding) get the zero code.
+__device__ __forceinline__ Vec16 fp8g_encode16(const float* v, const float* s, u32 keep) {
+    float q[FP8G_SEG];
+    bool fast = true;
 #pragma unroll
-        for (int j = 0; j < FP8G_SEG; ++j) q[j] = q[j] * s;
-        // A finite non-zero scale means a finite amax, so every product is
-        // finite and the fast encoder gives encode_rne's bits; otherwise
-        // (a group the finite check refuses) encode_rne itself.
-        if (s > 0.0f && f2u(s) < 0x7F800000u) {
-            encode_pack_finite<Fp8gFmt, FP8G_SEG>(q, w.w);
-        } else {
-            u32 c[FP8G_SEG];
-#pragma unroll
-            for (int j = 0; j < FP8G_SEG; ++j) c[j] = encode_rne<Fp8gFmt>(q[j]);
-            pack_codes<Fp8gFmt, FP8G_SEG>(c, w.w);
-        }
-        // The padding is the zero code whatever the scale.
-        for (u32 j = L - c0; j < FP8G_SEG; ++j) w.w[j / 4] &= ~(0xFFu << (8 * (j % 4)));
+    for (int i = 0; i < FP8G_SEG; ++i) {
+        q[i] = v[i] * s[i];
+        fast = fast && s[i] > 0.0f && f2u(s[i]) < 0x7F800000u;
     }
-    *(Vec16*)(codes + (u64)r * kp + c0) = w;
+    Vec16 w;
+    if (fast) {
+        encode_pack_finite<Fp8gFmt, FP8G_SEG>(q, w.w);
+    } else {
+        u32 c[FP8G_SEG];
+#pragma unroll
+        for (int i = 0; i < FP8G_SEG; ++i) c[i] = encode_rne<Fp8gFmt>(q[i]);
+        pack_codes<Fp8gFmt, FP8G_SEG>(c, w.w);
+    }
+#pragma unroll
+    for (int i = 0; i < FP8G_SEG; ++i) {
+        if (!((keep >> i) & 1u)) w.w[i / 4] &= ~(0xFFu << (8 * (i % 4)));
+    }
+    return w;
+}
+
+// Both directions of a 64 x 64 tile of the padded extents (the larger of
+// the two directions' per axis; all multiples of 16, so every 16-byte store
+// is whole and aligned).
+template <class In>
+__device__ __forceinline__ void fp8g_encode2d(const void* __restrict__ x, u32 rows, u32 cols, u32 ext_c,
+                                              const Fp8gOut& oc, const Fp8gOut& orr) {
+    alignas(16) __shared__ u8 tt[FP8G_TILE][FP8G_TILE];
+    __shared__ float st[FP8G_TILE];
+    const u32 tiles_x = (ext_c + FP8G_TILE - 1) / FP8G_TILE;
+    const u32 r0 = blockIdx.x / tiles_x * FP8G_TILE, c0 = blockIdx.x % tiles_x * FP8G_TILE;
+    const u32 tr = fp8g_tr(), tc = fp8g_tc();
+    const u32 r = r0 + tr, c = c0 + tc;
+    // The "r" direction's scales of this tile's columns: its 64 rows lie in
+    // one group (64 divides 128, and a rowwise group is a whole column).
+    if (orr.codes && threadIdx.x < FP8G_TILE) {
+        const u32 col = c0 + threadIdx.x;
+        st[threadIdx.x] = col < cols && r0 < rows ? orr.scales[(u64)col * orr.gpr + r0 / orr.glen] : 0.0f;
+    }
+    __syncthreads();
+    float v[FP8G_SEG], s[FP8G_SEG];
+    fp8g_load16<In>(x, rows, cols, r, c, v);
+    u32 keep = 0u;
+#pragma unroll
+    for (int i = 0; i < FP8G_SEG; ++i) keep |= (u32)(r < rows && c + i < cols) << i;
+    if (oc.codes && r < oc.r_pad && c < oc.kp) {
+        const float sc = keep ? oc.scales[(u64)r * oc.gpr + c / oc.glen] : 0.0f;
+#pragma unroll
+        for (int i = 0; i < FP8G_SEG; ++i) s[i] = sc;
+        *(Vec16*)(oc.codes + (u64)r * oc.kp + c) = fp8g_encode16(v, s, keep);
+    }
+    if (!orr.codes) return;
+#pragma unroll
+    for (int i = 0; i < FP8G_SEG; ++i) s[i] = st[tc + i];
+    const Vec16 w = fp8g_encode16(v, s, keep);
+#pragma unroll
+    for (int i = 0; i < FP8G_SEG; ++i) tt[tc + i][tr] = (u8)(w.w[i / 4] >> (8 * (i % 4)));
+    __syncthreads();
+    // Thread (column oj, 16 rows from orow) writes 16 bytes of axis-last
+    // row c0 + oj: a warp writes 8 rows of 64 bytes.
+    const u32 oj = threadIdx.x / 4, orow = threadIdx.x % 4 * FP8G_SEG;
+    if (c0 + oj < orr.r_pad && r0 + orow < orr.kp) {
+        *(Vec16*)(orr.codes + (u64)(c0 + oj) * orr.kp + r0 + orow) = *(const Vec16*)&tt[oj][orow];
+    }
 }
 
 // decode(code) * scale_inv of its group, f32 [r_pad, kp]; rows >= R are 0.
 extern "C" __global__ void __launch_bounds__(FP8G_THREADS)
-    fp8g_dequantize(const u8* __restrict__ codes, const float* __restrict__ scale_inv, u32 R, u32 r_pad, u32 kp,
+    fp8g_dequantize(const u8* __restrict__ codes, const float* __restrict__ vec, u32 R, u32 r_pad, u32 kp,
                     u32 gpr, u32 glen, float* __restrict__ out) {
-    u32 r, c0;
-    if (!segment_of<DIR_COLS>((u64)blockIdx.x * FP8G_THREADS + threadIdx.x, r_pad, kp, r, c0)) return;
-    const u32 g = c0 / glen < gpr ? c0 / glen : gpr - 1;
-    const float inv = r < R ? scale_inv[(u64)r * gpr + g] : 0.0f;
-#pragma unroll
-    for (int j = 0; j < FP8G_SEG; ++j) {
-        const u64 at = (u64)r * kp + c0 + j;
-        out[at] = r < R ? decode<Fp8gFmt>(codes[at]) * inv : 0.0f;
-    }
+    const u64 t = (u64)blockIdx.x * FP8G_THREADS + threadIdx.x;
+    if (t >= (u64)r_pad * kp) return;
+    const u32 r = (u32)(t / kp), c = (u32)(t % kp);
+    const u32 g = c / glen < gpr ? c / glen : gpr - 1;
+    out[t] = r < R ? decode<Fp8gFmt>(codes[t]) * vec[(u64)g * r_pad + r] : 0.0f;
 }
 
-#define FP8G_KERNELS(DIRNAME, DIR, SUFFIX, IN)                                                            \
-    extern "C" __global__ void __launch_bounds__(FP8G_THREADS)                                            \
-        fp8g_amax_##DIRNAME##_##SUFFIX(const void* x, u32 rows, u32 cols, u32 r_pad, u32 kp, u32 gpr,     \
-                                       u32 glen, u32* amax) {                                             \
-        fp8g_amax<IN, DIR>(x, rows, cols, r_pad, kp, gpr, glen, amax);                                    \
-    }                                                                                                     \
-    extern "C" __global__ void __launch_bounds__(FP8G_THREADS)                                            \
-        fp8g_encode_##DIRNAME##_##SUFFIX(const void* x, u32 rows, u32 cols, u32 r_pad, u32 kp, u32 gpr,   \
-                                         u32 glen, const float* scales, u8* codes) {                      \
-        fp8g_encode<IN, DIR>(x, rows, cols, r_pad, kp, gpr, glen, scales, codes);                         \
+#define FP8G_KERNELS(SUFFIX, IN)                                                                            \
+    extern "C" __global__ void __launch_bounds__(FP8G_THREADS)                                              \
+        fp8g_amax2d_##SUFFIX(const void* x, u32 rows, u32 cols, u32* part_c, u32* part_r) {                 \
+        fp8g_amax2d<IN>(x, rows, cols, part_c, part_r);                                                     \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(FP8G_THREADS)                                              \
+        fp8g_encode2d_##SUFFIX(const void* x, u32 rows, u32 cols, u32 ext_c, Fp8gOut oc, Fp8gOut orr) {     \
+        fp8g_encode2d<IN>(x, rows, cols, ext_c, oc, orr);                                                   \
     }
 
-FP8G_KERNELS(cols, DIR_COLS, f32, InF32)
-FP8G_KERNELS(cols, DIR_COLS, bf16, InBF16)
-FP8G_KERNELS(rows, DIR_ROWS, f32, InF32)
-FP8G_KERNELS(rows, DIR_ROWS, bf16, InBF16)
+FP8G_KERNELS(f32, InF32)
+FP8G_KERNELS(bf16, InBF16)

@@ -5,8 +5,8 @@
 //!
 //! The codes are stored K-contiguous as the GEMM reads them: `[r16(rows),
 //! stored_len]`, zero-padded (rows to 16; the axis to 16 for rowwise and to
-//! the CPU's 128 for blocks). The scales are kept twice: `[rows, gpr]` as
-//! the CPU has them (read back for a saved operand), and scale_inv in the
+//! the CPU's 128 for blocks). The scales are `[rows, gpr]` as the CPU has
+//! them (the encoder multiplies by them), and scale_inv only in the
 //! layout of cuBLASLt's scale modes (`vec`: `[gpr, r16(rows)]`, `blk`: one
 //! per 128 x 128 tile, tile row by tile row), which the H200 probe of issue
 //! 18 showed it reads (`bench/cublaslt_scale_modes.cu`).
@@ -21,6 +21,7 @@ use super::{CudaContext, CudaError, DevBuf, GemmDType, Result};
 use crate::backend::Format;
 use crate::quant::{Fp8GroupConfig, Fp8GroupTensor, Grouping, FP8_BLOCK};
 use crate::DType;
+use cudarc::driver::DeviceRepr;
 
 /// `runtime/kernels/quantize_fp8_group.cu`.
 pub const QUANTIZE_FP8_GROUP: KernelSource = KernelSource {
@@ -28,9 +29,9 @@ pub const QUANTIZE_FP8_GROUP: KernelSource = KernelSource {
     body: include_str!("../../kernels/quantize_fp8_group.cu"),
 };
 
-/// Threads per CTA (FP8G_THREADS) and elements per thread (FP8G_SEG).
+/// Threads per CTA (FP8G_THREADS) and the side of a tile (FP8G_TILE).
 const THREADS: u32 = 256;
-const SEG: usize = 16;
+const TILE: usize = 64;
 
 /// The stored row length for an axis of `len`: a multiple of 16 (the FP8
 /// GEMM's K) for rowwise, the CPU's multiple of 128 for blocks.
@@ -60,10 +61,9 @@ pub struct Fp8GroupDevice {
     pub config: Fp8GroupConfig,
     /// `[r16(rows), stored_len(len)]` E4M3FN codes, zero-padded.
     pub codes: DevBuf,
-    /// `[rows, gpr]` scales (a tile's repeated on each of its rows).
+    /// `[rows, gpr]` scales (a tile's repeated on each of its rows), the
+    /// encoder's multipliers.
     pub scales: DevBuf,
-    /// `[rows, gpr]` fl32(1 / scale).
-    pub scale_inv: DevBuf,
     /// scale_inv as `[gpr, r16(rows)]`, padding rows 0: the GEMM's
     /// `OUTER_VEC_32F` (rowwise) or `VEC128_32F` operand.
     pub vec: DevBuf,
@@ -131,7 +131,11 @@ impl Fp8GroupDevice {
                 .flat_map(|r| r[..padded_len].iter().copied())
                 .collect()
         };
-        let n = self.rows * self.groups_per_row();
+        let (gpr, rp) = (self.groups_per_row(), r16(self.rows));
+        let n = self.rows * gpr;
+        // scale_inv is kept only as the GEMM reads it, [gpr, rp].
+        let vec: Vec<f32> = ctx.download(&self.vec, gpr * rp)?;
+        let scale_inv = (0..n).map(|i| vec[(i % gpr) * rp + i / gpr]).collect();
         Ok(Fp8GroupTensor {
             shape,
             axis,
@@ -142,7 +146,7 @@ impl Fp8GroupDevice {
             group_len,
             codes,
             scales: ctx.download(&self.scales, n)?,
-            scale_inv: ctx.download(&self.scale_inv, n)?,
+            scale_inv,
         })
     }
 }
@@ -152,10 +156,42 @@ fn threads(items: usize) -> Result<cudarc::driver::LaunchConfig> {
     grid(items as u64, THREADS as u64, THREADS)
 }
 
+/// One CTA per `TILE` x `TILE` tile of `[rows, cols]`.
+fn tiles(rows: usize, cols: usize) -> Result<cudarc::driver::LaunchConfig> {
+    let n = rows.div_ceil(TILE) * cols.div_ceil(TILE);
+    grid(n as u64 * THREADS as u64, THREADS as u64, THREADS)
+}
+
+/// One direction's output of `fp8g_encode2d` (struct Fp8gOut in
+/// quantize_fp8_group.cu); a null `codes` is a direction not wanted.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct Fp8gOut {
+    codes: u64,
+    scales: u64,
+    kp: u32,
+    r_pad: u32,
+    gpr: u32,
+    glen: u32,
+}
+
+// SAFETY: a plain #[repr(C)] struct of integers, laid out as Fp8gOut in
+// quantize_fp8_group.cu.
+unsafe impl DeviceRepr for Fp8gOut {}
+
+/// Elements per group: the whole (non-empty) row for rowwise, 128 for blocks.
+fn group_len(cfg: &Fp8GroupConfig, len: usize) -> usize {
+    match cfg.grouping {
+        Grouping::Rowwise => len.max(1),
+        Grouping::Block128 { .. } => FP8_BLOCK,
+    }
+}
+
 impl CudaContext {
     /// FP8 group quantization of a row-major `[rows, cols]` f32 or BF16
     /// matrix along its columns (`dirs[0]`, axis-last rows = its rows)
-    /// and/or along its rows (`dirs[1]`, axis-last rows = its columns).
+    /// and/or along its rows (`dirs[1]`, axis-last rows = its columns):
+    /// one amax pass and one encode pass over the input for both.
     /// Runs without waiting: [`Fp8GroupDevice::check_finite`] or a deferred
     /// check on [`Fp8GroupDevice::amax_ptr`] raises the non-finite amax.
     pub fn quantize_fp8_group_2d(
@@ -173,126 +209,136 @@ impl CudaContext {
                 x.len_bytes()
             )));
         }
+        let (rows32, cols32) = (u32_of(rows, "rows")?, u32_of(cols, "cols")?);
         let flag = Arc::new(self.alloc_zeroed(16)?);
-        let mut out = [None, None];
-        for (d, (r, l)) in [(rows, cols), (cols, rows)].into_iter().enumerate() {
-            if dirs[d] {
-                out[d] = Some(self.fp8_group_dir(x, dtype, (rows, cols), (r, l), cfg, d, &flag)?);
+        let tile2d = matches!(cfg.grouping, Grouping::Block128 { tile2d: true });
+        let views = [(rows, cols), (cols, rows)];
+        let mut out: [Option<Fp8GroupDevice>; 2] = [None, None];
+        let mut parts: [Option<DevBuf>; 2] = [None, None];
+        for d in 0..2 {
+            let (r, l) = views[d];
+            if !dirs[d] {
+                continue;
             }
+            let (kp, gpr, rp) = (stored_len(cfg, l), groups_per_row(cfg, l), r16(r));
+            // The encoder's sizes are u32 (Fp8gOut).
+            u32_of(rp, "padded rows")?;
+            u32_of(kp, "row length")?;
+            out[d] = Some(Fp8GroupDevice {
+                rows: r,
+                len: l,
+                config: *cfg,
+                codes: self.alloc(rp * kp)?,
+                scales: self.alloc(4 * r * gpr)?,
+                vec: self.alloc_zeroed(4 * gpr * rp)?,
+                blk: tile2d
+                    .then(|| self.alloc(4 * r.div_ceil(FP8_BLOCK) * gpr))
+                    .transpose()?,
+                flag: flag.clone(),
+            });
+            // One amax word per 64-element piece of each axis-last row.
+            parts[d] = Some(self.alloc(4 * r * l.div_ceil(TILE))?);
+        }
+        if rows * cols > 0 {
+            let pp = parts.each_ref().map(|p| p.as_ref().map_or(0, DevBuf::ptr));
+            let name = by_dtype(dtype, "fp8g_amax2d_f32", "fp8g_amax2d_bf16");
+            let xp = x.ptr();
+            // As fp8g_amax2d: part_c holds rows * ceil(cols / 64) words,
+            // part_r cols * ceil(rows / 64).
+            launch_kernel!(
+                self,
+                &QUANTIZE_FP8_GROUP,
+                name,
+                tiles(rows, cols)?,
+                &xp,
+                &rows32,
+                &cols32,
+                &pp[0],
+                &pp[1]
+            )?;
+        }
+        let mut enc = [Fp8gOut::default(); 2];
+        for d in 0..2 {
+            let (Some(q), Some(part)) = (&out[d], &parts[d]) else {
+                continue;
+            };
+            self.fp8_group_scales(q, part, &flag)?;
+            let (kp, gpr) = (q.stored_len(), q.groups_per_row());
+            enc[d] = Fp8gOut {
+                codes: q.codes.ptr(),
+                scales: q.scales.ptr(),
+                kp: kp as u32,
+                r_pad: r16(q.rows) as u32,
+                gpr: gpr as u32,
+                glen: u32_of(group_len(cfg, q.len), "group length")?,
+            };
+        }
+        // The padded extents of the two directions, rows and columns.
+        let ext_r = (enc[0].r_pad as usize).max(enc[1].kp as usize);
+        let ext_c = (enc[0].kp as usize).max(enc[1].r_pad as usize);
+        if ext_r * ext_c > 0 {
+            let name = by_dtype(dtype, "fp8g_encode2d_f32", "fp8g_encode2d_bf16");
+            let (xp, ext32) = (x.ptr(), u32_of(ext_c, "padded columns")?);
+            // As fp8g_encode2d: each direction's codes hold r_pad * kp bytes,
+            // its scales R * gpr f32; the grid covers [ext_r, ext_c].
+            launch_kernel!(
+                self,
+                &QUANTIZE_FP8_GROUP,
+                name,
+                tiles(ext_r, ext_c)?,
+                &xp,
+                &rows32,
+                &cols32,
+                &ext32,
+                &enc[0],
+                &enc[1]
+            )?;
         }
         Ok(out)
     }
 
-    /// One direction of [`CudaContext::quantize_fp8_group_2d`]: `r` rows
-    /// of `l` along the axis; `d` 0 along the columns, 1 along the rows.
-    #[allow(clippy::too_many_arguments)]
-    fn fp8_group_dir(
-        &self,
-        x: &DevBuf,
-        dtype: DType,
-        (rows, cols): (usize, usize),
-        (r, l): (usize, usize),
-        cfg: &Fp8GroupConfig,
-        d: usize,
-        flag: &Arc<DevBuf>,
-    ) -> Result<Fp8GroupDevice> {
-        let tile2d = matches!(cfg.grouping, Grouping::Block128 { tile2d: true });
-        let (kp, gpr, rp) = (stored_len(cfg, l), groups_per_row(cfg, l), r16(r));
-        let glen = match cfg.grouping {
-            Grouping::Rowwise => l.max(1),
-            Grouping::Block128 { .. } => FP8_BLOCK,
-        };
-        let tiles = r.div_ceil(FP8_BLOCK);
-        let q = Fp8GroupDevice {
-            rows: r,
-            len: l,
-            config: *cfg,
-            codes: self.alloc(rp * kp)?,
-            scales: self.alloc(4 * r * gpr)?,
-            scale_inv: self.alloc(4 * r * gpr)?,
-            vec: self.alloc_zeroed(4 * gpr * rp)?,
-            blk: tile2d.then(|| self.alloc(4 * tiles * gpr)).transpose()?,
-            flag: flag.clone(),
-        };
-        if r == 0 {
-            return Ok(q);
+    /// `fp8g_scales` of one direction from its amax pieces `part`.
+    fn fp8_group_scales(&self, q: &Fp8GroupDevice, part: &DevBuf, flag: &DevBuf) -> Result<()> {
+        if q.rows == 0 {
+            return Ok(());
         }
-        let amax = self.alloc_zeroed(4 * r * gpr)?;
-        let (rows32, cols32) = (u32_of(rows, "rows")?, u32_of(cols, "cols")?);
-        let (rp32, kp32) = (u32_of(rp, "padded rows")?, u32_of(kp, "row length")?);
-        let (gpr32, glen32, r32) = (u32_of(gpr, "groups")?, glen as u32, r as u32);
-        let names = if d == 0 {
-            [
-                by_dtype(dtype, "fp8g_amax_cols_f32", "fp8g_amax_cols_bf16"),
-                by_dtype(dtype, "fp8g_encode_cols_f32", "fp8g_encode_cols_bf16"),
-            ]
+        let tile2d = q.blk.is_some();
+        let (r, gpr, rp) = (q.rows, q.groups_per_row(), r16(q.rows));
+        let np = q.len.div_ceil(TILE);
+        let ppg = match q.config.grouping {
+            Grouping::Rowwise => np,
+            Grouping::Block128 { .. } => FP8_BLOCK / TILE,
+        };
+        let per = if tile2d {
+            r.div_ceil(FP8_BLOCK) * gpr
         } else {
-            [
-                by_dtype(dtype, "fp8g_amax_rows_f32", "fp8g_amax_rows_bf16"),
-                by_dtype(dtype, "fp8g_encode_rows_f32", "fp8g_encode_rows_bf16"),
-            ]
+            r * gpr
         };
-        let segs = threads(rp * kp / SEG)?;
-        let (xp, ap) = (x.ptr(), amax.ptr());
-        if kp > 0 {
-            // As fp8g_amax_* in quantize_fp8_group.cu: amax holds r * gpr words.
-            launch_kernel!(
-                self,
-                &QUANTIZE_FP8_GROUP,
-                names[0],
-                segs,
-                &xp,
-                &rows32,
-                &cols32,
-                &rp32,
-                &kp32,
-                &gpr32,
-                &glen32,
-                &ap
-            )?;
-        }
-        let (sp, ip, vp) = (q.scales.ptr(), q.scale_inv.ptr(), q.vec.ptr());
+        let (pp, sp, vp) = (part.ptr(), q.scales.ptr(), q.vec.ptr());
         let bp = q.blk.as_ref().map_or(0, DevBuf::ptr);
-        let (t32, pow2, fp) = (tile2d as i32, cfg.pow2 as i32, flag.ptr());
-        let per = if tile2d { tiles * gpr } else { r * gpr };
-        // As fp8g_scales: the buffers hold r * gpr, gpr * rp and tiles * gpr f32.
+        let (r32, np32, ppg32, gpr32, rp32) =
+            (r as u32, np as u32, ppg as u32, gpr as u32, rp as u32);
+        let (t32, pow2, fp) = (tile2d as i32, q.config.pow2 as i32, flag.ptr());
+        // As fp8g_scales: part holds np * r words; scales r * gpr, vec
+        // gpr * rp and blk ceil(r / 128) * gpr f32.
         launch_kernel!(
             self,
             &QUANTIZE_FP8_GROUP,
             "fp8g_scales",
             threads(per)?,
-            &ap,
+            &pp,
             &r32,
+            &np32,
+            &ppg32,
             &gpr32,
             &t32,
             &pow2,
             &rp32,
             &sp,
-            &ip,
             &vp,
             &bp,
             &fp
-        )?;
-        if kp > 0 {
-            let cp = q.codes.ptr();
-            // As fp8g_encode_*: codes holds rp * kp bytes, 16-byte stores.
-            launch_kernel!(
-                self,
-                &QUANTIZE_FP8_GROUP,
-                names[1],
-                segs,
-                &xp,
-                &rows32,
-                &cols32,
-                &rp32,
-                &kp32,
-                &gpr32,
-                &glen32,
-                &sp,
-                &cp
-            )?;
-        }
-        Ok(q)
+        )
     }
 
     /// decode(code) * scale_inv as f32 `[r16(rows), stored_len]` (padding 0):
@@ -303,20 +349,17 @@ impl CudaContext {
         if rp * kp == 0 {
             return Ok(out);
         }
-        let glen = match q.config.grouping {
-            Grouping::Rowwise => q.len.max(1) as u32,
-            Grouping::Block128 { .. } => FP8_BLOCK as u32,
-        };
-        let (cp, ip, op) = (q.codes.ptr(), q.scale_inv.ptr(), out.ptr());
+        let glen = group_len(&q.config, q.len) as u32;
+        let (cp, vp, op) = (q.codes.ptr(), q.vec.ptr(), out.ptr());
         let (r32, rp32, kp32, gpr32) = (q.rows as u32, rp as u32, kp as u32, gpr as u32);
         // As fp8g_dequantize: out holds rp * kp f32.
         launch_kernel!(
             self,
             &QUANTIZE_FP8_GROUP,
             "fp8g_dequantize",
-            threads(rp * kp / SEG)?,
+            threads(rp * kp)?,
             &cp,
-            &ip,
+            &vp,
             &r32,
             &rp32,
             &kp32,

@@ -103,7 +103,9 @@ fn same_tensor(ctx: &CudaContext, g: &Fp8GroupDevice, c: &Fp8GroupTensor) -> Res
     none_bad(bad, || "mismatch".into())
 }
 
-/// Both directions of a `[rows, cols]` matrix under `cfg`.
+/// Both directions of a `[rows, cols]` matrix under `cfg`, from one call
+/// (the linears' case: one amax and one encode pass for both) and from a
+/// call per direction.
 fn compare(
     ctx: &CudaContext,
     x: &[f32],
@@ -112,19 +114,32 @@ fn compare(
     cfg: &Fp8GroupConfig,
 ) -> Result<(), String> {
     let (xd, x) = device_input(ctx, x, dtype)?;
-    let [qc, qr] = gpu(ctx.quantize_fp8_group_2d(&xd, dtype, (rows, cols), cfg, [true, true]))?;
-    let (qc, qr) = (
-        qc.ok_or("no codes along the columns")?,
-        qr.ok_or("no codes along the rows")?,
-    );
-    gpu(qc.check_finite(ctx, "x"))?;
     let cc = quantize_fp8_group_rows(&x, rows, cols, cfg).map_err(|e| format!("CPU: {e}"))?;
     let cr = quantize_fp8_groups(&x, &[rows, cols], 0, cfg).map_err(|e| format!("CPU: {e}"))?;
-    same_tensor(ctx, &qc, &cc).map_err(|e| format!("along the columns: {e}"))?;
-    same_tensor(ctx, &qr, &cr).map_err(|e| format!("along the rows: {e}"))
+    for (dirs, how) in [
+        ([true, true], "both at once"),
+        ([true, false], "alone"),
+        ([false, true], "alone"),
+    ] {
+        let [qc, qr] = gpu(ctx.quantize_fp8_group_2d(&xd, dtype, (rows, cols), cfg, dirs))?;
+        if qc.is_some() != dirs[0] || qr.is_some() != dirs[1] {
+            return Err(format!("asked {dirs:?}, got other directions"));
+        }
+        if let Some(qc) = qc {
+            gpu(qc.check_finite(ctx, "x"))?;
+            same_tensor(ctx, &qc, &cc).map_err(|e| format!("along the columns, {how}: {e}"))?;
+        }
+        if let Some(qr) = qr {
+            gpu(qr.check_finite(ctx, "x"))?;
+            same_tensor(ctx, &qr, &cr).map_err(|e| format!("along the rows, {how}: {e}"))?;
+        }
+    }
+    Ok(())
 }
 
-/// A NaN or an Inf anywhere is the CPU's error on both backends.
+/// A NaN or an Inf anywhere is the CPU's error on both backends, whichever
+/// directions the device quantizes (each direction's flag is the shared
+/// one).
 fn refuses_non_finite(ctx: &CudaContext, cfg: &Fp8GroupConfig) -> Result<(), String> {
     for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
         let (rows, cols) = (130, 300);
@@ -134,20 +149,23 @@ fn refuses_non_finite(ctx: &CudaContext, cfg: &Fp8GroupConfig) -> Result<(), Str
             return Err(format!("CPU accepted {bad}"));
         }
         let xd = gpu(ctx.upload(&x))?;
-        let [q, _] =
-            gpu(ctx.quantize_fp8_group_2d(&xd, DType::F32, (rows, cols), cfg, [true, false]))?;
-        let q = q.ok_or("no codes")?;
-        match q.check_finite(ctx, "x") {
-            Err(e) if e.to_string().contains("non-finite amax") => {}
-            Err(e) => return Err(format!("{bad}: unexpected error {e}")),
-            Ok(()) => return Err(format!("GPU accepted {bad}")),
+        for dirs in [[true, false], [false, true], [true, true]] {
+            let qs = gpu(ctx.quantize_fp8_group_2d(&xd, DType::F32, (rows, cols), cfg, dirs))?;
+            let q = qs.iter().flatten().next().ok_or("no codes")?;
+            match q.check_finite(ctx, "x") {
+                Err(e) if e.to_string().contains("non-finite amax") => {}
+                Err(e) => return Err(format!("{bad} {dirs:?}: unexpected error {e}")),
+                Ok(()) => return Err(format!("GPU accepted {bad} {dirs:?}")),
+            }
         }
     }
     Ok(())
 }
 
 pub fn check_fp8_group(ctx: &CudaContext, rep: &mut Report) {
-    // Lengths around 16 and 128, rows around the 128-row tiles.
+    // Lengths around 16 and 128, rows around the 128-row tiles; the last
+    // three have rows and columns spanning many 64 x 64 encoder tiles (a
+    // rowwise group's amax reduced over 16 and 20 of them).
     let shapes = [
         (1, 1),
         (3, 17),
@@ -157,6 +175,9 @@ pub fn check_fp8_group(ctx: &CudaContext, rep: &mut Report) {
         (130, 300),
         (257, 520),
         (1000, 33),
+        (64, 64),
+        (300, 1000),
+        (1283, 77),
     ];
     for (name, cfg) in configs() {
         for dtype in [DType::F32, DType::BF16] {
