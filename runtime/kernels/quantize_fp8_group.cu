@@ -11,9 +11,10 @@
 //                      finite), reduced in shared memory, one word per piece:
 //                      part_c[(c0 / 64) * rows + r], part_r[(r0 / 64) * cols + c]
 //                      (partial-major, so the second level reads coalesced);
-//   fp8g_scales        per direction, per group (or per 128 x 128 tile with
-//                      tile2d: the largest of its groups' amaxes) the max of
-//                      its pieces (2 for a block, all of the row for rowwise),
+//   fp8g_scales        per direction, per group the max of its pieces (2
+//                      for a block, all of the row for rowwise; with tile2d
+//                      per 128 x 128 tile the largest of its groups' amaxes,
+//                      reduced in shared memory by a CTA per tile),
 //                      scale = SPEC 3's amax_to_scale with fmt_max = 448, and
 //                      scale_inv = fl32(1 / scale) in the GEMM's layout; the
 //                      largest amax into *flag (the deferred finite check);
@@ -27,10 +28,12 @@
 // Per direction: R axis-last rows of L, gpr groups per row, glen elements
 // per group (L, at least 1, for rowwise; 128 for blocks), kp the stored row
 // length (a multiple of 16 that holds L, or of 128 for blocks) and r_pad R
-// rounded up to 16. codes are [r_pad, kp], scales [R, gpr] (the encoder's
-// multipliers), and scale_inv only as the GEMM reads it (cuBLASLt's modes):
+// rounded up to 16. codes are [r_pad, kp]; the scales (the encoder's
+// multipliers) and scale_inv are laid out as the GEMM reads scale_inv
+// (cuBLASLt's modes), so every kernel reads and writes them coalesced:
 //   vec[g * r_pad + r]       OUTER_VEC_32F (gpr = 1) and VEC128_32F: one
-//                            vector over the rows per 128-block, padding 0
+//                            vector over the rows per 128-block, padding 0;
+//                            scales[g * r_pad + r] alike
 //   blk[(r / 128) * gpr + g] BLK128x128_32F (tile2d): tile row by tile row
 
 #define FP8G_THREADS 256
@@ -105,48 +108,56 @@ __device__ __forceinline__ u32 fp8g_pieces(const u32* __restrict__ part, u32 R, 
     return m;
 }
 
-// Group g of row r with amax bits m: its scale and, in the GEMM's layout,
-// its inverse.
-__device__ __forceinline__ float fp8g_put(u32 r, u32 g, u32 m, u32 gpr, u32 r_pad, int pow2, float* scales,
-                                          float* vec) {
+// Group g of row r with amax bits m: its scale and inverse, both at
+// g * r_pad + r.
+__device__ __forceinline__ float fp8g_put(u32 r, u32 g, u32 m, u32 r_pad, int pow2, float* scales, float* vec) {
     const float s = fp8_amax_to_scale(m, Fp8gFmt::max_value(), pow2);
-    scales[(u64)r * gpr + g] = s;
+    scales[(u64)g * r_pad + r] = s;
     vec[(u64)g * r_pad + r] = 1.0f / s;
     return s;
 }
 
-// One thread per group, or with tile2d per (tile row, group column). Group
-// g of row r is the pieces [g * ppg, (g + 1) * ppg) of the np of its row.
+// Group g of row r is the pieces [g * ppg, (g + 1) * ppg) of the np of its row.
+__device__ __forceinline__ u32 fp8g_group_amax(const u32* __restrict__ part, u32 R, u32 np, u32 ppg, u32 r,
+                                               u32 g) {
+    const u32 p1 = (g + 1) * ppg < np ? (g + 1) * ppg : np;
+    return fp8g_pieces(part, R, r, g * ppg, p1);
+}
+
+// Without tile2d, one thread per group; consecutive threads take
+// consecutive rows, so the piece reads and the scale stores are coalesced.
+// With tile2d, one CTA of 128 threads per 128 x 128 tile (tile row b / gpr,
+// group column b % gpr), a thread per row: the tile's amax reduced in shared
+// memory, its scale on each of its rows and its inverse in blk.
 extern "C" __global__ void __launch_bounds__(FP8G_THREADS)
     fp8g_scales(const u32* __restrict__ part, u32 R, u32 np, u32 ppg, u32 gpr, int tile2d, int pow2, u32 r_pad,
                 float* __restrict__ scales, float* __restrict__ vec, float* __restrict__ blk,
                 u32* __restrict__ flag) {
-    const u64 t = (u64)blockIdx.x * FP8G_THREADS + threadIdx.x;
     if (!tile2d) {
-        // Consecutive threads take consecutive rows: coalesced piece reads.
+        const u64 t = (u64)blockIdx.x * FP8G_THREADS + threadIdx.x;
         if (t >= (u64)R * gpr) return;
         const u32 r = (u32)(t % R), g = (u32)(t / R);
-        const u32 p1 = (g + 1) * ppg < np ? (g + 1) * ppg : np;
-        const u32 m = fp8g_pieces(part, R, r, g * ppg, p1);
-        fp8g_put(r, g, m, gpr, r_pad, pow2, scales, vec);
+        const u32 m = fp8g_group_amax(part, R, np, ppg, r, g);
+        fp8g_put(r, g, m, r_pad, pow2, scales, vec);
         atomicMax(flag, m);
         return;
     }
-    const u32 tiles = (R + FP8G_BLOCK - 1) / FP8G_BLOCK;
-    if (t >= (u64)tiles * gpr) return;
-    const u32 tr = (u32)(t / gpr), g = (u32)(t % gpr);
-    const u32 r0 = tr * FP8G_BLOCK;
-    const u32 r1 = r0 + FP8G_BLOCK < R ? r0 + FP8G_BLOCK : R;
-    const u32 p1 = (g + 1) * ppg < np ? (g + 1) * ppg : np;
-    u32 m = 0u;
-    for (u32 r = r0; r < r1; ++r) {
-        const u32 a = fp8g_pieces(part, R, r, g * ppg, p1);
-        m = a > m ? a : m;
+    __shared__ u32 red[FP8G_BLOCK];
+    const u32 tr = blockIdx.x / gpr, g = blockIdx.x % gpr;
+    const u32 r = tr * FP8G_BLOCK + threadIdx.x;
+    red[threadIdx.x] = r < R ? fp8g_group_amax(part, R, np, ppg, r, g) : 0u;
+    for (u32 h = FP8G_BLOCK / 2; h > 0; h /= 2) {
+        __syncthreads();
+        const u32 i = threadIdx.x;
+        if (i < h) red[i] = red[i + h] > red[i] ? red[i + h] : red[i];
     }
-    float s = 1.0f;
-    for (u32 r = r0; r < r1; ++r) s = fp8g_put(r, g, m, gpr, r_pad, pow2, scales, vec);
-    blk[(u64)tr * gpr + g] = 1.0f / s;
-    atomicMax(flag, m);
+    __syncthreads();
+    const u32 m = red[0];
+    if (r < R) fp8g_put(r, g, m, r_pad, pow2, scales, vec);
+    if (threadIdx.x == 0) {
+        blk[(u64)tr * gpr + g] = 1.0f / fp8_amax_to_scale(m, Fp8gFmt::max_value(), pow2);
+        atomicMax(flag, m);
+    }
 }
 
 // One direction of fp8g_encode2d (struct Fp8gOut in src/cuda/fp8_group.rs);
@@ -156,8 +167,8 @@ struct Fp8gOut {
     const float* scales;
     u32 kp;
     u32 r_pad;
-    u32 gpr;
     u32 glen;
+    u32 pad;
 };
 
 // The codes of q[i] = x[i] * s[i]: a finite non-zero scale means a finite
@@ -204,7 +215,7 @@ __device__ __forceinline__ void fp8g_encode2d(const void* __restrict__ x, u32 ro
     // one group (64 divides 128, and a rowwise group is a whole column).
     if (orr.codes && threadIdx.x < FP8G_TILE) {
         const u32 col = c0 + threadIdx.x;
-        st[threadIdx.x] = col < cols && r0 < rows ? orr.scales[(u64)col * orr.gpr + r0 / orr.glen] : 0.0f;
+        st[threadIdx.x] = col < cols && r0 < rows ? orr.scales[(u64)(r0 / orr.glen) * orr.r_pad + col] : 0.0f;
     }
     __syncthreads();
     float v[FP8G_SEG], s[FP8G_SEG];
@@ -213,7 +224,7 @@ __device__ __forceinline__ void fp8g_encode2d(const void* __restrict__ x, u32 ro
 #pragma unroll
     for (int i = 0; i < FP8G_SEG; ++i) keep |= (u32)(r < rows && c + i < cols) << i;
     if (oc.codes && r < oc.r_pad && c < oc.kp) {
-        const float sc = keep ? oc.scales[(u64)r * oc.gpr + c / oc.glen] : 0.0f;
+        const float sc = keep ? oc.scales[(u64)(c / oc.glen) * oc.r_pad + r] : 0.0f;
 #pragma unroll
         for (int i = 0; i < FP8G_SEG; ++i) s[i] = sc;
         *(Vec16*)(oc.codes + (u64)r * oc.kp + c) = fp8g_encode16(v, s, keep);

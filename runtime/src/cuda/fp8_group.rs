@@ -5,11 +5,12 @@
 //!
 //! The codes are stored K-contiguous as the GEMM reads them: `[r16(rows),
 //! stored_len]`, zero-padded (rows to 16; the axis to 16 for rowwise and to
-//! the CPU's 128 for blocks). The scales are `[rows, gpr]` as the CPU has
-//! them (the encoder multiplies by them), and scale_inv only in the
-//! layout of cuBLASLt's scale modes (`vec`: `[gpr, r16(rows)]`, `blk`: one
-//! per 128 x 128 tile, tile row by tile row), which the H200 probe of issue
-//! 18 showed it reads (`bench/cublaslt_scale_modes.cu`).
+//! the CPU's 128 for blocks). The scales (the encoder's multipliers) and
+//! scale_inv are both laid out as cuBLASLt's scale modes read scale_inv
+//! (`vec`: `[gpr, r16(rows)]`, `blk`: one per 128 x 128 tile, tile row by
+//! tile row), which the H200 probe of issue 18 showed it reads
+//! (`bench/cublaslt_scale_modes.cu`), so every kernel touches them
+//! coalesced; a saved operand reads back in the CPU's `[rows, gpr]`.
 
 use std::sync::Arc;
 
@@ -61,8 +62,8 @@ pub struct Fp8GroupDevice {
     pub config: Fp8GroupConfig,
     /// `[r16(rows), stored_len(len)]` E4M3FN codes, zero-padded.
     pub codes: DevBuf,
-    /// `[rows, gpr]` scales (a tile's repeated on each of its rows), the
-    /// encoder's multipliers.
+    /// The scales (a tile's repeated on each of its rows), the encoder's
+    /// multipliers, laid out as `vec`.
     pub scales: DevBuf,
     /// scale_inv as `[gpr, r16(rows)]`, padding rows 0: the GEMM's
     /// `OUTER_VEC_32F` (rowwise) or `VEC128_32F` operand.
@@ -132,10 +133,14 @@ impl Fp8GroupDevice {
                 .collect()
         };
         let (gpr, rp) = (self.groups_per_row(), r16(self.rows));
-        let n = self.rows * gpr;
-        // scale_inv is kept only as the GEMM reads it, [gpr, rp].
-        let vec: Vec<f32> = ctx.download(&self.vec, gpr * rp)?;
-        let scale_inv = (0..n).map(|i| vec[(i % gpr) * rp + i / gpr]).collect();
+        // Scales and inverses are kept as the GEMM reads them, [gpr, rp];
+        // the CPU's are [rows, gpr].
+        let cpu_layout = |buf: &DevBuf| -> Result<Vec<f32>> {
+            let v: Vec<f32> = ctx.download(buf, gpr * rp)?;
+            Ok((0..self.rows * gpr)
+                .map(|i| v[(i % gpr) * rp + i / gpr])
+                .collect())
+        };
         Ok(Fp8GroupTensor {
             shape,
             axis,
@@ -145,8 +150,8 @@ impl Fp8GroupDevice {
             padded_len,
             group_len,
             codes,
-            scales: ctx.download(&self.scales, n)?,
-            scale_inv,
+            scales: cpu_layout(&self.scales)?,
+            scale_inv: cpu_layout(&self.vec)?,
         })
     }
 }
@@ -171,8 +176,8 @@ struct Fp8gOut {
     scales: u64,
     kp: u32,
     r_pad: u32,
-    gpr: u32,
     glen: u32,
+    pad: u32,
 }
 
 // SAFETY: a plain #[repr(C)] struct of integers, laid out as Fp8gOut in
@@ -229,7 +234,7 @@ impl CudaContext {
                 len: l,
                 config: *cfg,
                 codes: self.alloc(rp * kp)?,
-                scales: self.alloc(4 * r * gpr)?,
+                scales: self.alloc(4 * gpr * rp)?,
                 vec: self.alloc_zeroed(4 * gpr * rp)?,
                 blk: tile2d
                     .then(|| self.alloc(4 * r.div_ceil(FP8_BLOCK) * gpr))
@@ -263,13 +268,13 @@ impl CudaContext {
                 continue;
             };
             self.fp8_group_scales(q, part, &flag)?;
-            let (kp, gpr) = (q.stored_len(), q.groups_per_row());
+            let kp = q.stored_len();
             enc[d] = Fp8gOut {
                 codes: q.codes.ptr(),
                 scales: q.scales.ptr(),
                 kp: kp as u32,
                 r_pad: r16(q.rows) as u32,
-                gpr: gpr as u32,
+                pad: 0,
                 glen: u32_of(group_len(cfg, q.len), "group length")?,
             };
         }
@@ -302,30 +307,32 @@ impl CudaContext {
         if q.rows == 0 {
             return Ok(());
         }
-        let tile2d = q.blk.is_some();
         let (r, gpr, rp) = (q.rows, q.groups_per_row(), r16(q.rows));
         let np = q.len.div_ceil(TILE);
         let ppg = match q.config.grouping {
             Grouping::Rowwise => np,
             Grouping::Block128 { .. } => FP8_BLOCK / TILE,
         };
-        let per = if tile2d {
-            r.div_ceil(FP8_BLOCK) * gpr
-        } else {
-            r * gpr
-        };
-        let (pp, sp, vp) = (part.ptr(), q.scales.ptr(), q.vec.ptr());
-        let bp = q.blk.as_ref().map_or(0, DevBuf::ptr);
+        let (pp, sp, vp, fp) = (part.ptr(), q.scales.ptr(), q.vec.ptr(), flag.ptr());
         let (r32, np32, ppg32, gpr32, rp32) =
             (r as u32, np as u32, ppg as u32, gpr as u32, rp as u32);
-        let (t32, pow2, fp) = (tile2d as i32, q.config.pow2 as i32, flag.ptr());
-        // As fp8g_scales: part holds np * r words; scales r * gpr, vec
-        // gpr * rp and blk ceil(r / 128) * gpr f32.
+        let (t32, pow2) = (q.blk.is_some() as i32, q.config.pow2 as i32);
+        let bp = q.blk.as_ref().map_or(0, DevBuf::ptr);
+        let cfg = match q.blk {
+            None => threads(r * gpr)?,
+            // A CTA of 128 threads per tile.
+            Some(_) => {
+                let ctas = (r.div_ceil(FP8_BLOCK) * gpr) as u64;
+                grid(ctas * FP8_BLOCK as u64, FP8_BLOCK as u64, FP8_BLOCK as u32)?
+            }
+        };
+        // As fp8g_scales: part holds np * r words; scales and vec gpr * rp
+        // f32, blk ceil(r / 128) * gpr.
         launch_kernel!(
             self,
             &QUANTIZE_FP8_GROUP,
             "fp8g_scales",
-            threads(per)?,
+            cfg,
             &pp,
             &r32,
             &np32,
