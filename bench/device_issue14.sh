@@ -8,10 +8,7 @@
 #   bash bench/device_issue14.sh gpu/new     # the folder with mxswitch and gpu_check
 set -u
 B=${1:?usage: bench/device_issue14.sh BIN_DIR}
-OUT=${OUT:-out}; mkdir -p "$OUT"
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr '\n' ':')${LD_LIBRARY_PATH:-}
-PY=${PY:-/opt/torch/.venv/bin/python}
+. "$(dirname "$0")/device_env.sh"
 "$B/gpu_check" > "$OUT/gpu_check.log" 2>&1; grep -E "^FAIL" "$OUT/gpu_check.log" | head; tail -1 "$OUT/gpu_check.log"
 for at in 1 100; do
   MXSWITCH_PROFILE=host "$B/mxswitch" train --config flux-wide --device cuda --iters 8 --switch-at $at \

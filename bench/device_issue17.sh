@@ -7,10 +7,7 @@
 #   bash bench/device_issue17.sh gpu/dist     # the folder with the mxswitch binary
 set -u
 B=${1:?usage: bench/device_issue17.sh BIN_DIR}
-OUT=${OUT:-out}; mkdir -p "$OUT"
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr '\n' ':')${LD_LIBRARY_PATH:-}
-PY=${PY:-/opt/torch/.venv/bin/python}
+. "$(dirname "$0")/device_env.sh"
 # cudarc looks for libnccl.so (and .so.13, .12, ...); PyTorch's wheel ships
 # only libnccl.so.2, so a link named libnccl.so goes first on the path.
 LINKS=$(mktemp -d)

@@ -8,10 +8,7 @@
 #   bash bench/device_issue18.sh gpu/new   # the folder with mxswitch and gpu_check
 set -u
 B=${1:?usage: bench/device_issue18.sh BIN_DIR}
-OUT=${OUT:-out}; mkdir -p "$OUT"
-SP=/opt/torch/.venv/lib/python3.12/site-packages
-export LD_LIBRARY_PATH=$(ls -d $SP/nvidia/*/lib 2>/dev/null | tr '\n' ':')${LD_LIBRARY_PATH:-}
-PY=${PY:-/opt/torch/.venv/bin/python}
+. "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
 echo "== gpu_check (every suite)"
