@@ -13,10 +13,8 @@
 use crate::cpu::{CpuOperand, CpuStorage};
 use crate::formats::ElemFormat;
 use crate::op::{BinaryOp, ReduceOp, UnaryOp};
-use crate::quant::{Fp8GroupConfig, Grouping, MxConfig, Nvfp4Config, SrKey, BLOCK};
-use crate::recipe::{
-    elem_format, fp8_group_config, nvfp4_config, OperandSpec, RecipeKind, Scaling,
-};
+use crate::quant::{Fp8GroupConfig, MxConfig, Nvfp4Config, SrKey, BLOCK};
+use crate::recipe::{elem_format, fp8_group_config, nvfp4_config, OperandSpec, Scaling};
 use crate::{DType, Device, Error, Layout, Result, Shape};
 
 /// A buffer of elements on one device.
@@ -129,21 +127,6 @@ impl Format {
     /// is stored axis-last. BF16 and tensorwise copies do not depend on it.
     pub const fn follows_axis(&self) -> bool {
         matches!(self, Format::Mx(_) | Format::Nvfp4(_) | Format::Fp8Group(_))
-    }
-
-    /// The recipe whose row introduced this format, for a backend that does
-    /// not run it to name: `nvfp4`, `fp8_rowwise` or `fp8_block`; `None` for
-    /// the formats of the first five rows.
-    pub const fn new_recipe(&self) -> Option<RecipeKind> {
-        match self {
-            Format::Nvfp4(_) => Some(RecipeKind::Nvfp4),
-            Format::Fp8Group(Fp8GroupConfig {
-                grouping: Grouping::Rowwise,
-                ..
-            }) => Some(RecipeKind::Fp8Rowwise),
-            Format::Fp8Group(_) => Some(RecipeKind::Fp8Block),
-            Format::Bf16 | Format::Tensorwise { .. } | Format::Mx(_) => None,
-        }
     }
 }
 
@@ -617,23 +600,13 @@ mod tests {
         let blocks = Recipe::new(RecipeKind::Fp8Block).spec();
         let w = Want::new(&blocks.fprop.b, Along::Cols, None).unwrap();
         assert_eq!(w.format, Format::Fp8Group(Fp8GroupConfig::block128_tiles()));
-        for (f, kind) in [
-            (
-                Format::Nvfp4(Nvfp4Config::default()),
-                Some(RecipeKind::Nvfp4),
-            ),
-            (
-                Format::Fp8Group(Fp8GroupConfig::rowwise()),
-                Some(RecipeKind::Fp8Rowwise),
-            ),
-            (
-                Format::Fp8Group(Fp8GroupConfig::block128()),
-                Some(RecipeKind::Fp8Block),
-            ),
-            (Format::Mx(MxConfig::mxfp4()), None),
-            (Format::Bf16, None),
+        for f in [
+            Format::Nvfp4(Nvfp4Config::default()),
+            Format::Fp8Group(Fp8GroupConfig::rowwise()),
+            Format::Fp8Group(Fp8GroupConfig::block128()),
+            Format::Mx(MxConfig::mxfp4()),
+            Format::Bf16,
         ] {
-            assert_eq!(f.new_recipe(), kind, "{f:?}");
             assert_eq!(f.follows_axis(), !matches!(f, Format::Bf16), "{f:?}");
         }
     }
