@@ -13,6 +13,7 @@ use mxswitch_runtime::quant::{
 use mxswitch_runtime::DType;
 
 use crate::common::{device_input, dtype_name, first_diff, gpu, none_bad, same_f32, Report, Rng};
+use crate::gemm::{gemm_entries, reference};
 
 /// Every configuration the recipes and options reach.
 fn configs() -> [(&'static str, Fp8GroupConfig); 6] {
@@ -264,25 +265,18 @@ fn scaled_gemm(
     let pl = da.len() / m;
     // FP8 tensor cores keep ~14 bits inside an MMA before promoting to f32.
     let acc = 2f64.powi(-9) + kp as f64 * 2f64.powi(-23);
+    let entries = gemm_entries(m, n, true);
     let mut worst = 0.0f64;
-    for i in 0..m {
-        for j in 0..n {
-            let (mut s, mut abs) = (0.0f64, 0.0f64);
-            for t in 0..pl {
-                let p = da[i * pl + t] as f64 * db[j * pl + t] as f64;
-                s += p;
-                abs += p.abs();
-            }
-            let tol = acc * abs + 2f64.powi(-22) * s.abs() + 2f64.powi(-126);
-            let e = (got[i * n16 + j] as f64 - s).abs();
-            if e.is_nan() || e > tol {
-                return Err(format!(
-                    "y[{i}, {j}] = {:e}, f64 {s:e}, |err| {e:.3e} > {tol:.3e}",
-                    got[i * n16 + j]
-                ));
-            }
-            worst = worst.max(e / tol);
+    for (&(i, j), &(s, abs)) in entries.iter().zip(&reference(&da, &db, pl, &entries)) {
+        let tol = acc * abs + 2f64.powi(-22) * s.abs() + 2f64.powi(-126);
+        let e = (got[i * n16 + j] as f64 - s).abs();
+        if e.is_nan() || e > tol {
+            return Err(format!(
+                "y[{i}, {j}] = {:e}, f64 {s:e}, |err| {e:.3e} > {tol:.3e}",
+                got[i * n16 + j]
+            ));
         }
+        worst = worst.max(e / tol);
     }
     Ok(Some(worst))
 }

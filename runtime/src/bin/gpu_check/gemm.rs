@@ -188,7 +188,7 @@ fn prepare(
 }
 
 /// f64 dot products and sums of |products| of the requested (i, j) entries.
-fn reference(a: &[f32], b: &[f32], k: usize, entries: &[(usize, usize)]) -> Vec<(f64, f64)> {
+pub fn reference(a: &[f32], b: &[f32], k: usize, entries: &[(usize, usize)]) -> Vec<(f64, f64)> {
     entries
         .par_iter()
         .map(|&(i, j)| {
@@ -201,7 +201,7 @@ fn reference(a: &[f32], b: &[f32], k: usize, entries: &[(usize, usize)]) -> Vec<
         .collect()
 }
 
-fn gemm_entries(m: usize, n: usize, full: bool) -> Vec<(usize, usize)> {
+pub fn gemm_entries(m: usize, n: usize, full: bool) -> Vec<(usize, usize)> {
     if full {
         (0..m).flat_map(|i| (0..n).map(move |j| (i, j))).collect()
     } else {

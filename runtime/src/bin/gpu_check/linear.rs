@@ -143,6 +143,26 @@ fn check_case(dev: &CudaDevice, r: &Recipe, s: LinearShape, act: DType, seed: u6
     ))
 }
 
+/// The forward of `call` over an `x` holding a NaN: the CPU's refusal
+/// message, after the same forward on the GPU, which records the amax and
+/// raises at the next check (the forward itself returns, and nothing is read
+/// back before the caller's check); and the uploaded weight.
+fn refused_forward(
+    dev: &CudaDevice,
+    call: &LinearCall,
+    x: &[f32],
+    w: &[f32],
+) -> Result<(String, CudaStorage), String> {
+    let (xc, wc) = (host(x, DType::F32), host(w, DType::F32));
+    let cpu_err = match qlinear::forward(call, &xc, &wc, None) {
+        Err(e) => e.to_string(),
+        Ok(_) => return Err("CPU accepted a NaN activation".into()),
+    };
+    let (xd, wd) = (upload(dev, x, DType::F32)?, upload(dev, w, DType::F32)?);
+    drop(qlinear::forward(call, &xd, &wd, None).map_err(err)?);
+    Ok((cpu_err, wd))
+}
+
 /// A NaN in x under fp8 must be the CPU's error, naming layer, role, iteration.
 fn check_nonfinite(dev: &CudaDevice) -> CheckResult {
     let ctx = dev.context();
@@ -161,21 +181,12 @@ fn check_nonfinite(dev: &CudaDevice) -> CheckResult {
     x[5] = f32::NAN;
     let w = data(32, 32, 10, 0.1);
     let r = Recipe::new(RecipeKind::Fp8);
-    let (xc, wc) = (host(&x, DType::F32), host(&w, DType::F32));
     let call = LinearCall {
         recipe: &r,
         shape: s,
         ctx: lctx,
     };
-    let cpu_err = match qlinear::forward(&call, &xc, &wc, None) {
-        Err(e) => e.to_string(),
-        Ok(_) => return Err("CPU accepted a NaN activation".into()),
-    };
-    // The GPU records the amax and raises the error at the next check, so
-    // the forward itself returns; nothing is read back before the check.
-    let (xd, wd) = (upload(dev, &x, DType::F32)?, upload(dev, &w, DType::F32)?);
-    let fwd = qlinear::forward(&call, &xd, &wd, None).map_err(err)?;
-    drop(fwd);
+    let (cpu_err, wd) = refused_forward(dev, &call, &x, &w)?;
     let gpu_err = match ctx.check_deferred() {
         Err(CudaError::Runtime(e)) if e.to_string() == cpu_err => e.to_string(),
         Err(e) => return Err(format!("GPU error `{e}`, CPU `{cpu_err}`")),
@@ -226,13 +237,7 @@ fn check_nonfinite_nvfp4(dev: &CudaDevice) -> CheckResult {
         shape: s,
         ctx: lctx,
     };
-    let (xc, wc) = (host(&x, DType::F32), host(&w, DType::F32));
-    let cpu_err = match qlinear::forward(&call, &xc, &wc, None) {
-        Err(e) => e.to_string(),
-        Ok(_) => return Err("CPU accepted a NaN activation".into()),
-    };
-    let (xd, wd) = (upload(dev, &x, DType::F32)?, upload(dev, &w, DType::F32)?);
-    drop(qlinear::forward(&call, &xd, &wd, None).map_err(err)?);
+    let (cpu_err, _) = refused_forward(dev, &call, &x, &w)?;
     // The CPU's text with ", first in row .. of the axis" left out.
     let tail = " of the axis";
     let end = cpu_err.find("`: ").unwrap_or(0);
