@@ -110,21 +110,25 @@ __device__ __forceinline__ u32 encode_sr(float x, u32 r) {
     const u32 shift = 23 - F::man_bits;
     const u32 min_normal_bits = (u32)(128 - F::bias) << 23;
     const u32 ab = f2u(a);
+    // step is a normal power of two, so dividing by it is multiplying by
+    // its exact reciprocal inv (same bits, no IEEE division).
     u32 lo_code;
-    float lo_val, step;
+    float lo_val, step, inv;
     if (ab >= min_normal_bits) {
         const u32 t = ab & ~((1u << shift) - 1u);
         lo_code = (t >> shift) - ((u32)(127 - F::bias) << F::man_bits);
         step = u2f(t & 0x7F800000u) * u2f((u32)(127 - F::man_bits) << 23);
+        inv = u2f((254u << 23) - f2u(step));
         lo_val = u2f(t);
     } else {
         step = u2f((u32)(127 + 1 - F::bias - F::man_bits) << 23);
-        const float n = floorf(a / step);
+        inv = u2f((u32)(126 + F::bias + F::man_bits) << 23);
+        const float n = floorf(a * inv);
         lo_code = (u32)n;
         lo_val = n * step;
     }
-    // Fraction in [0, 1) of the way to the next code; exact (step is a power of two).
-    const float frac = (a - lo_val) / step;
+    // Fraction in [0, 1) of the way to the next code; exact.
+    const float frac = (a - lo_val) * inv;
     const bool up = (float)(r >> 8) < frac * 16777216.0f;
     u32 code = lo_code + (up ? 1u : 0u);
     code = code < F::max_code ? code : F::max_code;
@@ -385,9 +389,11 @@ __device__ __forceinline__ u32 move_bits(u32 v, int from, int to) {
     return to >= from ? v << (to - from) : __umulhi(v, 1u << (32 - (from - to)));
 }
 
-// encode_rne_finite of N values, packed as pack_codes packs them. Outside
-// FNUZ a code is the magnitude code bits plus the sign bit of x, each moved
-// into place, so there is no per-element sign logic.
+// encode_rne_finite of N values, packed as pack_codes packs them. E4M3FN
+// and E5M2 go two at a time through the platform's paired conversion (an
+// instruction on CUDA). Otherwise outside FNUZ a code is the magnitude code
+// bits plus the sign bit of x, each moved into place, so there is no
+// per-element sign logic.
 template <class F, int N>
 __device__ __forceinline__ void encode_pack_finite(const float* x, u32* w) {
     constexpr int W = CodeWidth<F>::W;
@@ -397,6 +403,14 @@ __device__ __forceinline__ void encode_pack_finite(const float* x, u32* w) {
 #pragma unroll
         for (int i = 0; i < N; ++i) c[i] = encode_rne_finite<F>(x[i]);
         pack_codes<F, N>(c, w);
+    } else if (W == 8) {
+        const auto encode = [](float v) { return encode_rne_finite<F>(v); };
+        constexpr bool e5m2 = F::exp_bits == 5;
+#pragma unroll
+        for (int k = 0; k < N / 4; ++k) {
+            w[k] = fp8x2_rne_satfinite<e5m2>(x[4 * k + 1], x[4 * k], encode) |
+                   (fp8x2_rne_satfinite<e5m2>(x[4 * k + 3], x[4 * k + 2], encode) << 16);
+        }
     } else {
 #pragma unroll
         for (int k = 0; k < N * W / 32; ++k) {

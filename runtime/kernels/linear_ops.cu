@@ -144,16 +144,46 @@ extern "C" __global__ void lin_epilogue(const float* acc, u32 ld, const float* s
 }
 
 // Pass 1 of the column sums: partial[chunk][c] = sum of rows
-// chunk * chunk_rows .. of column c, in row order. Grid (ceil(cols / 256), chunks).
+// chunk * chunk_rows .. of column c, in row order. Each thread sums
+// COLSUM_VEC neighbouring columns, with 16-byte loads when `vec` (f32 or
+// BF16 input, cols a multiple of COLSUM_VEC), so that a warp reads whole
+// 256- or 512-byte stretches of a row. Grid (ceil(cols / (256 * COLSUM_VEC)),
+// chunks).
+#define COLSUM_VEC 8
 extern "C" __global__ void lin_colsum_partial(const void* x, int in_kind, float* partial, u32 rows, u32 cols,
-                                              u32 chunk_rows) {
-    const u32 c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= cols) return;
+                                              u32 chunk_rows, u32 vec) {
+    const u32 c0 = (blockIdx.x * blockDim.x + threadIdx.x) * COLSUM_VEC;
+    if (c0 >= cols) return;
+    const u32 n = cols - c0 < COLSUM_VEC ? cols - c0 : COLSUM_VEC;
     const u32 r0 = blockIdx.y * chunk_rows;
     const u32 r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
-    float s = 0.0f;
-    for (u32 r = r0; r < r1; ++r) s += load_elem(x, (u64)r * cols + c, in_kind);
-    partial[(u64)blockIdx.y * cols + c] = s;
+    float s[COLSUM_VEC];
+#pragma unroll
+    for (int j = 0; j < COLSUM_VEC; ++j) s[j] = 0.0f;
+    if (vec && in_kind == IN_BF16) {
+#pragma unroll 4
+        for (u32 r = r0; r < r1; ++r) {
+            const Vec16 q = *(const Vec16*)((const u16*)x + (u64)r * cols + c0);
+#pragma unroll
+            for (int j = 0; j < COLSUM_VEC; ++j) s[j] += u2f((q.w[j / 2] >> (16 * (j % 2))) << 16);
+        }
+    } else if (vec) {
+#pragma unroll 4
+        for (u32 r = r0; r < r1; ++r) {
+            const Vec16* p = (const Vec16*)((const float*)x + (u64)r * cols + c0);
+            const Vec16 a = p[0], b = p[1];
+#pragma unroll
+            for (int j = 0; j < COLSUM_VEC / 2; ++j) {
+                s[j] += u2f(a.w[j]);
+                s[j + COLSUM_VEC / 2] += u2f(b.w[j]);
+            }
+        }
+    } else {
+        for (u32 r = r0; r < r1; ++r) {
+            for (u32 j = 0; j < n; ++j) s[j] += load_elem(x, (u64)r * cols + c0 + j, in_kind);
+        }
+    }
+    for (u32 j = 0; j < n; ++j) partial[(u64)blockIdx.y * cols + c0 + j] = s[j];
 }
 
 // Pass 2: out[c] = sum over chunks of partial[chunk][c], in chunk order.

@@ -22,3 +22,11 @@ __device__ __forceinline__ void sync_warp() {
     __builtin_amdgcn_wave_barrier();
     __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
 }
+
+// As platform_cuda.cuh's fp8x2_rne_satfinite: the two codes from `encode`,
+// the portable encoder of one finite value (gfx942 converts only to the FNUZ
+// formats, so no instruction is assumed).
+template <bool e5m2, class Encode>
+__device__ __forceinline__ unsigned int fp8x2_rne_satfinite(float hi, float lo, Encode encode) {
+    return (encode(hi) << 8) | encode(lo);
+}

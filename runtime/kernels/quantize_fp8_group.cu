@@ -63,10 +63,17 @@ __device__ __forceinline__ void fp8g_load16(const void* __restrict__ x, u32 rows
     for (int j = 0; j < FP8G_SEG; ++j) v[j] = r < rows && c + j < cols ? In::load(x, (u64)r * cols + c + j) : 0.0f;
 }
 
-// Thread (tr, tc) of a tile owns row tr, columns tc .. tc + 15: a warp
-// covers 32 rows, each read in whole sectors.
-__device__ __forceinline__ u32 fp8g_tr() { return threadIdx.x % FP8G_TILE; }
-__device__ __forceinline__ u32 fp8g_tc() { return threadIdx.x / FP8G_TILE * FP8G_SEG; }
+// Thread (tr, tc) of a tile owns row tr, columns tc .. tc + 15: four
+// threads share a row, so a warp reads 8 whole 64-element row pieces (one
+// 128-byte line each for BF16) and writes 8 64-byte runs of codes.
+#define FP8G_TPR (FP8G_TILE / FP8G_SEG)
+__device__ __forceinline__ u32 fp8g_tr() { return threadIdx.x / FP8G_TPR; }
+__device__ __forceinline__ u32 fp8g_tc() { return threadIdx.x % FP8G_TPR * FP8G_SEG; }
+
+// The byte of the transposed code tile holding row i, column j: a row's
+// 16-byte runs are rotated by its sixteenth (j ^ 16 (i / 16)) so that the
+// four threads of a row, whose rows i lie 16 apart, store to different banks.
+__device__ __forceinline__ u32 fp8g_tt(u32 i, u32 j) { return i * FP8G_TILE + (j ^ (i / FP8G_SEG * FP8G_SEG)); }
 
 template <class In>
 __device__ __forceinline__ void fp8g_amax2d(const void* __restrict__ x, u32 rows, u32 cols,
@@ -134,12 +141,20 @@ extern "C" __global__ void __launch_bounds__(FP8G_THREADS)
                 float* __restrict__ scales, float* __restrict__ vec, float* __restrict__ blk,
                 u32* __restrict__ flag) {
     if (!tile2d) {
+        // The CTA's largest amax goes to *flag in one atomic (a million
+        // threads each hitting one word would queue on it).
+        __shared__ u32 cta_max;
+        if (threadIdx.x == 0) cta_max = 0u;
+        __syncthreads();
         const u64 t = (u64)blockIdx.x * FP8G_THREADS + threadIdx.x;
-        if (t >= (u64)R * gpr) return;
-        const u32 r = (u32)(t % R), g = (u32)(t / R);
-        const u32 m = fp8g_group_amax(part, R, np, ppg, r, g);
-        fp8g_put(r, g, m, r_pad, pow2, scales, vec);
-        atomicMax(flag, m);
+        if (t < (u64)R * gpr) {
+            const u32 r = (u32)(t % R), g = (u32)(t / R);
+            const u32 m = fp8g_group_amax(part, R, np, ppg, r, g);
+            fp8g_put(r, g, m, r_pad, pow2, scales, vec);
+            atomicMax(&cta_max, m);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) atomicMax(flag, cta_max);
         return;
     }
     __shared__ u32 red[FP8G_BLOCK];
@@ -171,18 +186,18 @@ struct Fp8gOut {
     u32 pad;
 };
 
-// The codes of q[i] = x[i] * s[i]: a finite non-zero scale means a finite
-// amax, so every product is finite and the fast encoder gives encode_rne's
-// bits; otherwise (a group the finite check refuses) encode_rne itself.
-// Elements with keep bit i clear (padding) get the zero code.
-__device__ __forceinline__ Vec16 fp8g_encode16(const float* v, const float* s, u32 keep) {
+// Whether s is a finite non-zero scale, which means a finite amax.
+__device__ __forceinline__ bool fp8g_fast_scale(float s) { return s > 0.0f && f2u(s) < 0x7F800000u; }
+
+// The codes of q[i] = x[i] * s[i]. With `fast` (every s[i] passes
+// fp8g_fast_scale) every product is finite and the fast encoder gives
+// encode_rne's bits; otherwise (a group the finite check refuses)
+// encode_rne itself. Elements with keep bit i clear (padding) get the zero
+// code.
+__device__ __forceinline__ Vec16 fp8g_encode16(const float* v, const float* s, bool fast, u32 keep) {
     float q[FP8G_SEG];
-    bool fast = true;
 #pragma unroll
-    for (int i = 0; i < FP8G_SEG; ++i) {
-        q[i] = v[i] * s[i];
-        fast = fast && s[i] > 0.0f && f2u(s[i]) < 0x7F800000u;
-    }
+    for (int i = 0; i < FP8G_SEG; ++i) q[i] = v[i] * s[i];
     Vec16 w;
     if (fast) {
         encode_pack_finite<Fp8gFmt, FP8G_SEG>(q, w.w);
@@ -192,9 +207,11 @@ __device__ __forceinline__ Vec16 fp8g_encode16(const float* v, const float* s, u
         for (int i = 0; i < FP8G_SEG; ++i) c[i] = encode_rne<Fp8gFmt>(q[i]);
         pack_codes<Fp8gFmt, FP8G_SEG>(c, w.w);
     }
+    if (keep != (1u << FP8G_SEG) - 1u) {
 #pragma unroll
-    for (int i = 0; i < FP8G_SEG; ++i) {
-        if (!((keep >> i) & 1u)) w.w[i / 4] &= ~(0xFFu << (8 * (i % 4)));
+        for (int i = 0; i < FP8G_SEG; ++i) {
+            if (!((keep >> i) & 1u)) w.w[i / 4] &= ~(0xFFu << (8 * (i % 4)));
+        }
     }
     return w;
 }
@@ -205,17 +222,23 @@ __device__ __forceinline__ Vec16 fp8g_encode16(const float* v, const float* s, u
 template <class In>
 __device__ __forceinline__ void fp8g_encode2d(const void* __restrict__ x, u32 rows, u32 cols, u32 ext_c,
                                               const Fp8gOut& oc, const Fp8gOut& orr) {
-    alignas(16) __shared__ u8 tt[FP8G_TILE][FP8G_TILE];
+    alignas(16) __shared__ u8 tt[FP8G_TILE * FP8G_TILE];
     __shared__ float st[FP8G_TILE];
+    __shared__ u32 st_fast;  // every scale of st passes fp8g_fast_scale
     const u32 tiles_x = (ext_c + FP8G_TILE - 1) / FP8G_TILE;
     const u32 r0 = blockIdx.x / tiles_x * FP8G_TILE, c0 = blockIdx.x % tiles_x * FP8G_TILE;
     const u32 tr = fp8g_tr(), tc = fp8g_tc();
     const u32 r = r0 + tr, c = c0 + tc;
     // The "r" direction's scales of this tile's columns: its 64 rows lie in
     // one group (64 divides 128, and a rowwise group is a whole column).
+    if (threadIdx.x == 0) st_fast = 1u;
+    __syncthreads();
     if (orr.codes && threadIdx.x < FP8G_TILE) {
         const u32 col = c0 + threadIdx.x;
-        st[threadIdx.x] = col < cols && r0 < rows ? orr.scales[(u64)(r0 / orr.glen) * orr.r_pad + col] : 0.0f;
+        const bool in = col < cols && r0 < rows;
+        st[threadIdx.x] = in ? orr.scales[(u64)(r0 / orr.glen) * orr.r_pad + col] : 0.0f;
+        // Padding columns take the zero code whatever their scale.
+        if (in && !fp8g_fast_scale(st[threadIdx.x])) st_fast = 0u;
     }
     __syncthreads();
     float v[FP8G_SEG], s[FP8G_SEG];
@@ -227,20 +250,20 @@ __device__ __forceinline__ void fp8g_encode2d(const void* __restrict__ x, u32 ro
         const float sc = keep ? oc.scales[(u64)(c / oc.glen) * oc.r_pad + r] : 0.0f;
 #pragma unroll
         for (int i = 0; i < FP8G_SEG; ++i) s[i] = sc;
-        *(Vec16*)(oc.codes + (u64)r * oc.kp + c) = fp8g_encode16(v, s, keep);
+        *(Vec16*)(oc.codes + (u64)r * oc.kp + c) = fp8g_encode16(v, s, fp8g_fast_scale(sc), keep);
     }
     if (!orr.codes) return;
 #pragma unroll
     for (int i = 0; i < FP8G_SEG; ++i) s[i] = st[tc + i];
-    const Vec16 w = fp8g_encode16(v, s, keep);
+    const Vec16 w = fp8g_encode16(v, s, st_fast != 0u, keep);
 #pragma unroll
-    for (int i = 0; i < FP8G_SEG; ++i) tt[tc + i][tr] = (u8)(w.w[i / 4] >> (8 * (i % 4)));
+    for (int i = 0; i < FP8G_SEG; ++i) tt[fp8g_tt(tc + i, tr)] = (u8)(w.w[i / 4] >> (8 * (i % 4)));
     __syncthreads();
     // Thread (column oj, 16 rows from orow) writes 16 bytes of axis-last
     // row c0 + oj: a warp writes 8 rows of 64 bytes.
     const u32 oj = threadIdx.x / 4, orow = threadIdx.x % 4 * FP8G_SEG;
     if (c0 + oj < orr.r_pad && r0 + orow < orr.kp) {
-        *(Vec16*)(orr.codes + (u64)(c0 + oj) * orr.kp + r0 + orow) = *(const Vec16*)&tt[oj][orow];
+        *(Vec16*)(orr.codes + (u64)(c0 + oj) * orr.kp + r0 + orow) = *(const Vec16*)&tt[fp8g_tt(oj, orow)];
     }
 }
 

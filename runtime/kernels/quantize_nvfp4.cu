@@ -82,14 +82,25 @@ __device__ __forceinline__ u32 nv_scale_byte(float a, float t) {
     return encode_rne<E4M3FN>(clamp_keep_nan(s, 0.015625f, 448.0f));
 }
 
-// Eight BF16 values decode(code) * s_q from one word of codes (half a block).
+// decode(c) * s_q of E2M1 code c as f32 bits, exact in BF16 (a 2-bit by a
+// 4-bit significand). The magnitude bits e m placed at bit 22 are the f32
+// 2^(e - 127) * (1 + m / 2), or 2^-127 for e = 0, m = 1, which is the code's
+// value times 2^-126; the sign goes on before the product, so a NaN s_q
+// gives decode's NaN bits.
+__device__ __forceinline__ u32 nv_deq_bits(u32 c, float sq) {
+    const float v = u2f(((c & 0x7u) << 22) | ((c & 0x8u) << 28)) * 0x1p126f;
+    return f2u(v * sq);
+}
+
+// Eight BF16 values decode(code) * s_q from one word of codes (half a block):
+// the exact products' top halves.
 __device__ __forceinline__ Vec16 nv_deq_half(u32 w, float sq) {
     Vec16 o;
 #pragma unroll
     for (int i = 0; i < 8; i += 2) {
-        const u32 c0 = (w >> (4 * i)) & 0xFu;
-        const u32 c1 = (w >> (4 * (i + 1))) & 0xFu;
-        o.w[i / 2] = (u32)bf16_from_f32(decode<E2M1>(c0) * sq) | ((u32)bf16_from_f32(decode<E2M1>(c1) * sq) << 16);
+        const u32 lo = nv_deq_bits(w >> (4 * i), sq);
+        const u32 hi = nv_deq_bits(w >> (4 * (i + 1)), sq);
+        o.w[i / 2] = (lo >> 16) | (hi & 0xFFFF0000u);
     }
     return o;
 }

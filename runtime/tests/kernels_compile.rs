@@ -3,6 +3,8 @@
 //! test says it skipped. Run locally with the pip wheel's NVRTC, e.g.
 //! `LD_LIBRARY_PATH=$(python3 -c 'import nvidia.cu13, os; print(os.path.dirname(nvidia.cu13.__file__))')/lib`.
 //!
+//! With `MXSWITCH_PTX_DUMP=<dir>` it also writes each module's PTX there.
+//!
 //! Also: the HIP assembly of the same modules keeps to the portable rules,
 //! and with `MXSWITCH_KERNEL_DUMP=<dir>` writes each module's full HIP text
 //! to `<dir>/<name>` for `.ci/rocm-kernels` (which compiles them for AMD).
@@ -17,10 +19,19 @@ fn every_kernel_source_compiles_for_sm90() {
         eprintln!("SKIPPED: libnvrtc could not be loaded (set LD_LIBRARY_PATH to a CUDA 13 lib directory to run this check)");
         return;
     }
+    // With MXSWITCH_PTX_DUMP=<dir>, each module's PTX goes to <dir>/<name>.ptx,
+    // for `ptxas -arch sm_90 -v` (registers and spills per kernel).
+    let dump = std::env::var_os("MXSWITCH_PTX_DUMP").map(std::path::PathBuf::from);
     let mut failures = Vec::new();
     for src in nvrtc::all_sources() {
-        if let Err(e) = nvrtc::ptx_for(&src, "compute_90", &[]) {
-            failures.push(e.to_string());
+        match nvrtc::ptx_for(&src, "compute_90", &[]) {
+            Ok(ptx) => {
+                if let Some(dir) = &dump {
+                    std::fs::create_dir_all(dir).unwrap();
+                    std::fs::write(dir.join(format!("{}.ptx", src.name)), ptx.to_src()).unwrap();
+                }
+            }
+            Err(e) => failures.push(e.to_string()),
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -253,6 +253,8 @@ impl CudaContext {
         cols: usize,
     ) -> Result<DevBuf> {
         const CHUNK_ROWS: usize = 64;
+        /// Columns per thread of `lin_colsum_partial` (COLSUM_VEC).
+        const VEC: usize = 8;
         let out = self.alloc_zeroed(cols * 4)?;
         if rows == 0 || cols == 0 {
             return Ok(out);
@@ -267,13 +269,17 @@ impl CudaContext {
             CHUNK_ROWS as u32,
         );
         let ik = inp as i32;
-        let gx = u32_of(cols.div_ceil(256), "CTAs")?;
+        let (gx, gx_final) = (
+            u32_of(cols.div_ceil(256 * VEC), "CTAs")?,
+            u32_of(cols.div_ceil(256), "CTAs")?,
+        );
+        let vec = u32::from(matches!(inp, In::F32 | In::Bf16) && cols % VEC == 0);
         if chunks > 65535 {
             return Err(CudaError::Invalid(format!(
                 "lin_colsum: {rows} rows exceed the grid limit"
             )));
         }
-        let ctas = |gy| LaunchConfig {
+        let ctas = |gx, gy| LaunchConfig {
             grid_dim: (gx, gy, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
@@ -283,19 +289,20 @@ impl CudaContext {
             self,
             &LINEAR_OPS,
             "lin_colsum_partial",
-            ctas(ch),
+            ctas(gx, ch),
             &xp,
             &ik,
             &pp,
             &r,
             &c,
-            &cr
+            &cr,
+            &vec
         )?;
         launch_kernel!(
             self,
             &LINEAR_OPS,
             "lin_colsum_final",
-            ctas(1),
+            ctas(gx_final, 1),
             &pp,
             &op,
             &ch,

@@ -88,19 +88,46 @@ fn run(dev: &CudaDevice, shapes: &[LinearShape], recipes: &[Recipe]) -> Result<(
     Ok(())
 }
 
+/// The environment variable that limits the large benchmark to some
+/// recipes (comma-separated names, e.g. `nvfp4,fp8_rowwise`), so that a
+/// profiler run sees one recipe's kernels only.
+const ONLY: &str = "GPU_CHECK_RECIPES";
+
+/// With this variable `1`, the large benchmark times only its first shape
+/// (K = 3072, N = 12288).
+const FIRST_SHAPE: &str = "GPU_CHECK_FIRST_SHAPE";
+
+/// `recipes` limited to those [`ONLY`] names, when it is set.
+fn only_named(recipes: Vec<Recipe>) -> Vec<Recipe> {
+    match std::env::var(ONLY) {
+        Ok(names) if !names.is_empty() => {
+            let keep: Vec<&str> = names.split(',').map(str::trim).collect();
+            recipes
+                .into_iter()
+                .filter(|r| keep.contains(&r.to_string().as_str()))
+                .collect()
+        }
+        _ => recipes,
+    }
+}
+
 /// Every recipe at M = 4096, K = N = 3072, or with `large` issue 7's shapes
 /// at M = 16384 for bf16, fp8, mxfp4, mxfp8, nvfp4, fp8_rowwise and
-/// fp8_block; a failure is one FAIL line.
+/// fp8_block (those `GPU_CHECK_RECIPES` names, when set); a failure is one
+/// FAIL line.
 pub fn bench(rep: &mut Report, large: bool) {
     let shape = |m, k, n| LinearShape { m, k, n };
     let r = CudaDevice::get(0).map_err(err).and_then(|dev| {
         if large {
             let m = 16384;
-            let shapes = [
+            let mut shapes = vec![
                 shape(m, 3072, 12288),
                 shape(m, 12288, 3072),
                 shape(m, 3072, 3072),
             ];
+            if std::env::var(FIRST_SHAPE).is_ok_and(|v| v == "1") {
+                shapes.truncate(1);
+            }
             let kinds = [
                 RecipeKind::Bf16,
                 RecipeKind::Fp8,
@@ -110,7 +137,7 @@ pub fn bench(rep: &mut Report, large: bool) {
                 RecipeKind::Fp8Rowwise,
                 RecipeKind::Fp8Block,
             ];
-            run(&dev, &shapes, &kinds.map(Recipe::new))
+            run(&dev, &shapes, &only_named(kinds.map(Recipe::new).to_vec()))
         } else {
             run(&dev, &[shape(4096, 3072, 3072)], &recipes()?)
         }
