@@ -4,15 +4,19 @@
 // Every function here is a line-for-line port of its CPU reference in
 // runtime/src/formats.rs and runtime/src/quant/*.rs, so that the GPU gives the
 // same bits. Three rules keep it that way:
-//   - integer bit manipulation instead of hardware conversions (no cvt.e4m3,
-//     no __nv_cvt_float_to_fp8), so NaN, saturation and ties follow the CPU;
+//   - integer bit manipulation instead of hardware conversions, so NaN,
+//     saturation and ties follow the CPU; the one exception is the finite
+//     fast path of encode_pack_finite, where no NaN can occur and the
+//     platform's paired FP8 conversion (cvt.rn.satfinite on CUDA) rounds
+//     and saturates exactly as encode_rne does;
 //   - plain IEEE f32 arithmetic: the host compiles with --fmad=false (no
 //     contraction of x * s + c into an FMA), --ftz=false and --prec-div=true;
 //   - the same operation order (Hadamard butterfly, Philox rounds).
 //
 // The code keeps to the common subset of CUDA and HIP: __float_as_uint,
 // __uint_as_float, fminf, floorf, __syncthreads and atomicMax exist in both;
-// no warp shuffles (HIP wavefronts are 64 wide), no inline PTX, no headers.
+// no warp shuffles (HIP wavefronts are 64 wide), no inline PTX (only the
+// platform prelude has any), no headers.
 // The host prepends this file to each kernel source before compiling, after
 // the platform prelude (platform_cuda.cuh, or platform_hip.cuh for the HIP
 // compile check of .ci/rocm-kernels), which names the few constructs that
@@ -98,11 +102,29 @@ __device__ __forceinline__ u32 encode_rne(float x) {
     return is_nan_bits(bits) ? nan_code<F>(sign) : code;
 }
 
+// encode_sr<E2M1> without branches. For a = min(|x|, 6) in [2^E, 2^(E+1))
+// (E = 0, 1, 2; E = 0 below 1 as well) the codes step by 2^(E-1), so the
+// lower code is 2E + n, n = floor(q), q = a / 2^(E-1) (exact), and the
+// fraction is q - n: the values encode_sr's two branches give.
+__device__ __forceinline__ u32 encode_sr_e2m1(float x, u32 r) {
+    const u32 bits = f2u(x);
+    const float a = fminf(fabsf(x), 6.0f);
+    const u32 e = max(f2u(a) & 0x7F800000u, 0x3F800000u);  // 2^E
+    const float q = a * u2f((255u << 23) - e);             // a * 2^(1-E)
+    const float n = floorf(q);
+    const float frac = q - n;
+    const u32 lo = ((e >> 22) - 254u) + (f2u(n + 8388608.0f) - 0x4B000000u);
+    const bool up = (float)(r >> 8) < frac * 16777216.0f;
+    const u32 code = min(lo + (up ? 1u : 0u), 7u) | ((bits >> 31) << 3);
+    return is_nan_bits(bits) ? 0u : code;
+}
+
 // Satfinite encoding with stochastic rounding (formats.rs, encode_sr): round
 // away from zero when the top 24 bits of `r` fall below the fractional
 // position of |x| between its two neighbouring codes.
 template <class F>
 __device__ __forceinline__ u32 encode_sr(float x, u32 r) {
+    if (F::exp_bits == 2 && F::man_bits == 1) return encode_sr_e2m1(x, r);
     const u32 bits = f2u(x);
     const u32 sign = bits >> 31;
     if (is_nan_bits(bits)) return nan_code<F>(sign);

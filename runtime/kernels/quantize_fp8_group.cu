@@ -20,9 +20,10 @@
 //                      largest amax into *flag (the deferred finite check);
 //   fp8g_encode2d_<in> one 64 x 64 tile per CTA, read once: codes
 //                      satfinite(RNE(fl32(x * scale))), 0 for the padding, in
-//                      both directions, each written with coalesced 16-byte
-//                      stores (the "r" codes through a transposed tile in
-//                      shared memory, as fp8_cast_2d in quantize_fp8.cu);
+//                      both directions, each written coalesced: the "c"
+//                      codes 16 bytes a thread, the "r" codes through a tile
+//                      of code words in shared memory, transposed 4 x 4
+//                      bytes at a time in registers;
 //   fp8g_dequantize    decode(code) * scale_inv, f32 [r_pad, kp] (the GEMM
 //                      operand where no scaled FP8 GEMM runs).
 // Per direction: R axis-last rows of L, gpr groups per row, glen elements
@@ -70,10 +71,21 @@ __device__ __forceinline__ void fp8g_load16(const void* __restrict__ x, u32 rows
 __device__ __forceinline__ u32 fp8g_tr() { return threadIdx.x / FP8G_TPR; }
 __device__ __forceinline__ u32 fp8g_tc() { return threadIdx.x % FP8G_TPR * FP8G_SEG; }
 
-// The byte of the transposed code tile holding row i, column j: a row's
-// 16-byte runs are rotated by its sixteenth (j ^ 16 (i / 16)) so that the
-// four threads of a row, whose rows i lie 16 apart, store to different banks.
-__device__ __forceinline__ u32 fp8g_tt(u32 i, u32 j) { return i * FP8G_TILE + (j ^ (i / FP8G_SEG * FP8G_SEG)); }
+// Words per row of the code tile of fp8g_encode2d: 16 (four codes each) and
+// one of padding, so that its two access patterns meet at most two lanes to
+// a bank.
+#define FP8G_TW (FP8G_TILE / 4 + 1)
+
+// The 4 x 4 bytes q[i] (row i, byte j = column j) transposed: out[j] holds
+// column j, row i in byte i.
+__device__ __forceinline__ void fp8g_transpose4x4(const u32* q, u32* out) {
+    const u32 t0 = __byte_perm(q[0], q[1], 0x5140u), t1 = __byte_perm(q[0], q[1], 0x7362u);
+    const u32 t2 = __byte_perm(q[2], q[3], 0x5140u), t3 = __byte_perm(q[2], q[3], 0x7362u);
+    out[0] = __byte_perm(t0, t2, 0x5410u);
+    out[1] = __byte_perm(t0, t2, 0x7632u);
+    out[2] = __byte_perm(t1, t3, 0x5410u);
+    out[3] = __byte_perm(t1, t3, 0x7632u);
+}
 
 template <class In>
 __device__ __forceinline__ void fp8g_amax2d(const void* __restrict__ x, u32 rows, u32 cols,
@@ -217,12 +229,12 @@ __device__ __forceinline__ Vec16 fp8g_encode16(const float* v, const float* s, b
 }
 
 // Both directions of a 64 x 64 tile of the padded extents (the larger of
-// the two directions' per axis; all multiples of 16, so every 16-byte store
-// is whole and aligned).
+// the two directions' per axis; all multiples of 16, so every store is
+// whole and aligned).
 template <class In>
 __device__ __forceinline__ void fp8g_encode2d(const void* __restrict__ x, u32 rows, u32 cols, u32 ext_c,
                                               const Fp8gOut& oc, const Fp8gOut& orr) {
-    alignas(16) __shared__ u8 tt[FP8G_TILE * FP8G_TILE];
+    __shared__ u32 tw[FP8G_TILE * FP8G_TW];
     __shared__ float st[FP8G_TILE];
     __shared__ u32 st_fast;  // every scale of st passes fp8g_fast_scale
     const u32 tiles_x = (ext_c + FP8G_TILE - 1) / FP8G_TILE;
@@ -257,13 +269,21 @@ __device__ __forceinline__ void fp8g_encode2d(const void* __restrict__ x, u32 ro
     for (int i = 0; i < FP8G_SEG; ++i) s[i] = st[tc + i];
     const Vec16 w = fp8g_encode16(v, s, st_fast != 0u, keep);
 #pragma unroll
-    for (int i = 0; i < FP8G_SEG; ++i) tt[fp8g_tt(tc + i, tr)] = (u8)(w.w[i / 4] >> (8 * (i % 4)));
+    for (int k = 0; k < FP8G_SEG / 4; ++k) tw[tr * FP8G_TW + tc / 4 + k] = w.w[k];
     __syncthreads();
-    // Thread (column oj, 16 rows from orow) writes 16 bytes of axis-last
-    // row c0 + oj: a warp writes 8 rows of 64 bytes.
-    const u32 oj = threadIdx.x / 4, orow = threadIdx.x % 4 * FP8G_SEG;
-    if (c0 + oj < orr.r_pad && r0 + orow < orr.kp) {
-        *(Vec16*)(orr.codes + (u64)(c0 + oj) * orr.kp + r0 + orow) = *(const Vec16*)&tt[fp8g_tt(oj, orow)];
+    // Thread (row group og, column group cg) transposes the 4 x 4 codes of
+    // rows 4og .., columns 4cg .. and writes them as four words of axis-last
+    // rows c0 + 4cg + k: 16 lanes write 64 contiguous bytes of a row.
+    const u32 og = threadIdx.x % (FP8G_TILE / 4), cg = threadIdx.x / (FP8G_TILE / 4);
+    u32 q[4], t[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) q[i] = tw[(4 * og + i) * FP8G_TW + cg];
+    fp8g_transpose4x4(q, t);
+    if (r0 + 4 * og < orr.kp) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            if (c0 + 4 * cg + k < orr.r_pad) *(u32*)(orr.codes + (u64)(c0 + 4 * cg + k) * orr.kp + r0 + 4 * og) = t[k];
+        }
     }
 }
 
