@@ -1,45 +1,34 @@
 #!/usr/bin/env bash
 # Where the time of a recipe linear goes, kernel by kernel, on the GPU
-# machine; logs under $OUT. For each recipe: Nsight Systems over
-# `gpu_check bench linear-large` at M = 16384, K = 3072, N = 12288 (with and
-# without bias, 22 runs each), summed per kernel; then Nsight Compute on one
-# launch of each quantizer kernel named below (throughput, occupancy, stalls).
+# machine (Nsight Compute from the CUDA toolkit); logs under $OUT.
+# For each recipe: the kernels of one forward + backward at M = 16384,
+# K = 3072, N = 12288 (`gpu_check bench linear-large` limited by
+# GPU_CHECK_RECIPES / GPU_CHECK_FIRST_SHAPE; launches 80 to 111, past the
+# warm-up), each with its duration at the GPU's own clocks. Then the
+# throughput, occupancy and warp stalls of one launch of each quantizer
+# kernel named in KERNELS.
 #
-#   bash bench/device_profile.sh gpu/new [RECIPE ...]   # default: nvfp4 fp8_rowwise fp8_block fp8
+#   bash bench/device_profile.sh BIN_DIR [RECIPE ...]   # default: nvfp4 fp8_rowwise fp8_block fp8
 set -u
 B=${1:?usage: bench/device_profile.sh BIN_DIR [RECIPE ...]}; shift
 RECIPES=${*:-nvfp4 fp8_rowwise fp8_block fp8}
+KERNELS=${KERNELS:-nvfp4_tile_bf16 fp8g_encode2d_bf16 fp8g_amax2d_bf16 lin_epilogue lin_colsum_partial}
 . "$(dirname "$0")/device_env.sh"
-CU=$(ls -d /usr/local/cuda*/bin 2>/dev/null | head -1)
-NSYS=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
-NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-echo "nsys: ${NSYS:-none}; ncu: ${NCU:-none}; cuda bin: $CU"
+NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+[ -n "$NCU" ] || { echo "device_profile: no ncu found"; exit 2; }
 export GPU_CHECK_FIRST_SHAPE=1
 for r in $RECIPES; do
-  echo "== $r"
-  if [ -n "$NSYS" ]; then
-    GPU_CHECK_RECIPES=$r "$NSYS" profile -t cuda --force-overwrite true -o "$OUT/nsys_$r" \
-      "$B/gpu_check" bench linear-large > "$OUT/nsys_$r.log" 2>&1
-    grep BENCH "$OUT/nsys_$r.log"
-    "$NSYS" stats -q -r cuda_gpu_kern_sum -f csv -o "$OUT/kern_$r" "$OUT/nsys_$r.nsys-rep" > /dev/null 2>&1
-    "$PY" - "$OUT/kern_${r}_cuda_gpu_kern_sum.csv" <<'PYEOF'
-import csv, sys
-rows = list(csv.DictReader(open(sys.argv[1])))
-tot = sum(float(r["Total Time (ns)"]) for r in rows)
-for r in rows[:14]:
-    t = float(r["Total Time (ns)"])
-    print(f'{t / tot * 100:5.1f}% {int(r["Instances"]):6d} x {float(r["Med (ns)"]) / 1e3:9.1f} us  {r["Name"][:110]}')
-PYEOF
-  else
-    GPU_CHECK_RECIPES=$r "$B/gpu_check" bench linear-large
-  fi
+  echo "== $r: one forward + backward"
+  GPU_CHECK_RECIPES=$r "$NCU" --clock-control none --launch-skip 80 --launch-count 32 \
+    --section SpeedOfLight "$B/gpu_check" bench linear-large > "$OUT/timeline_$r.log" 2>&1
+  grep -E "^  [a-zA-Z_0-9]+.*\(|Duration" "$OUT/timeline_$r.log" | paste - - |
+    awk '{printf "%-60s %8s %s\n", substr($1, 1, 60), $NF, $(NF-1)}'
 done
-if [ -n "$NCU" ]; then
-  for k in nvfp4_tile_bf16 fp8g_encode2d_bf16 fp8g_amax2d_bf16 lin_epilogue lin_colsum_partial; do
-    echo "== ncu $k"
-    GPU_CHECK_RECIPES=nvfp4,fp8_rowwise "$NCU" --kernel-name regex:$k --launch-skip 4 --launch-count 2 \
-      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-      --section SchedulerStats "$B/gpu_check" bench linear-large > "$OUT/ncu_$k.log" 2>&1
-    grep -E "^  [a-z_0-9]+\(|Duration|Throughput|Achieved Occupancy|Registers Per|Block Limit|Issued Ipc|No Eligible|Warp Cycles Per Issued|Shared Memory Config" "$OUT/ncu_$k.log" | head -40
-  done
-fi
+for k in $KERNELS; do
+  echo "== $k"
+  GPU_CHECK_RECIPES=nvfp4,fp8_block "$NCU" --kernel-name regex:$k --launch-skip 4 --launch-count 1 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section ComputeWorkloadAnalysis "$B/gpu_check" bench linear-large > "$OUT/ncu_$k.log" 2>&1
+  grep -E "^  [a-z_0-9]+ \(|Duration|Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|highest-utilized" \
+    "$OUT/ncu_$k.log" | head -20
+done
