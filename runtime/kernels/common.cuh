@@ -14,7 +14,8 @@
 //   - the same operation order (Hadamard butterfly, Philox rounds).
 //
 // The code keeps to the common subset of CUDA and HIP: __float_as_uint,
-// __uint_as_float, fminf, floorf, __syncthreads and atomicMax exist in both;
+// __uint_as_float, fminf, floorf, __byte_perm, __syncthreads and atomicMax
+// exist in both;
 // no warp shuffles (HIP wavefronts are 64 wide), no inline PTX (only the
 // platform prelude has any), no headers.
 // The host prepends this file to each kernel source before compiling, after
