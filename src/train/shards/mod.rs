@@ -511,6 +511,19 @@ struct Sample {
     timestep_id: u8,
 }
 
+impl Sample {
+    /// Appends this sample to `out` with its noise and timestep t.
+    fn push_to(&self, out: &mut BatchBuilder, noise: &[f32], t: f32) -> Result<()> {
+        out.push(
+            &self.latent,
+            noise,
+            t,
+            TextTokens::F32(&self.txt),
+            &self.vec,
+        )
+    }
+}
+
 /// Reads samples for one batch, opening each shard it touches once.
 struct Reader<'a> {
     set: &'a ShardSet,
@@ -769,13 +782,7 @@ impl TrainShards {
             let mut rng = SplitMix64::new(mix(self.seed, TRAIN_NOISE_DOMAIN, pos));
             let t = rng.next_f64() as f32;
             let noise = normals(&mut rng, self.set.latent_len());
-            out.push(
-                &sample.latent,
-                &noise,
-                t,
-                TextTokens::F32(&sample.txt),
-                &sample.vec,
-            )?;
+            sample.push_to(&mut out, &noise, t)?;
         }
         out.finish()
     }
@@ -832,13 +839,7 @@ impl ValShards {
             let mut rng = SplitMix64::new(mix(VAL_SEED, VAL_NOISE_DOMAIN, i));
             let noise = normals(&mut rng, self.set.latent_len());
             let t = sample.timestep_id as f32 / TIMESTEPS as f32;
-            out.push(
-                &sample.latent,
-                &noise,
-                t,
-                TextTokens::F32(&sample.txt),
-                &sample.vec,
-            )?;
+            sample.push_to(&mut out, &noise, t)?;
         }
         out.finish()
     }
