@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use super::lin_kernels::{native_types, r16, u32_of, GemmShape, Operand, Out, Post};
 use super::nvrtc::{launch_kernel, KernelSource};
-use super::quantize::{grid, input_size};
+use super::quantize::{check_holds, grid, input_size};
 use super::storage::by_dtype;
 use super::{CudaContext, CudaError, DevBuf, GemmDType, Result};
 use crate::backend::Format;
@@ -208,12 +208,12 @@ impl CudaContext {
         dirs: [bool; 2],
     ) -> Result<[Option<Fp8GroupDevice>; 2]> {
         let size = input_size(dtype)?;
-        if x.len_bytes() < rows * cols * size {
-            return Err(CudaError::Invalid(format!(
-                "{} bytes do not hold [{rows}, {cols}] {dtype:?}",
-                x.len_bytes()
-            )));
-        }
+        check_holds(
+            x,
+            rows * cols * size,
+            format_args!("[{rows}, {cols}]"),
+            dtype,
+        )?;
         let (rows32, cols32) = (u32_of(rows, "rows")?, u32_of(cols, "cols")?);
         let flag = Arc::new(self.alloc_zeroed(16)?);
         let tile2d = matches!(cfg.grouping, Grouping::Block128 { tile2d: true });

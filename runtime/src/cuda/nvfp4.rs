@@ -14,7 +14,7 @@ use cudarc::driver::{DeviceRepr, LaunchConfig};
 
 use super::lin_kernels::u32_of;
 use super::nvrtc::{launch_kernel, KernelSource};
-use super::quantize::{grid, input_size, read_state, state_scale_inv_ptr, Phase};
+use super::quantize::{check_holds, grid, input_size, read_state, state_scale_inv_ptr, Phase};
 use super::storage::by_dtype;
 use super::{CudaContext, CudaError, DevBuf, Result};
 use crate::backend::Along;
@@ -196,12 +196,12 @@ impl CudaContext {
         dirs: [Option<(Nvfp4Config, Nvfp4Outputs)>; 2],
     ) -> Result<[Option<Nvfp4Device>; 2]> {
         let size = input_size(dtype)?;
-        if x.len_bytes() < rows * cols * size {
-            return Err(CudaError::Invalid(format!(
-                "{} bytes do not hold [{rows}, {cols}] {dtype:?}",
-                x.len_bytes()
-            )));
-        }
+        check_holds(
+            x,
+            rows * cols * size,
+            format_args!("[{rows}, {cols}]"),
+            dtype,
+        )?;
         let tile2d = match dirs {
             [Some((a, _)), Some((b, _))] if a.tile2d != b.tile2d => {
                 return Err(CudaError::Invalid(

@@ -213,6 +213,23 @@ pub(super) fn input_size(dtype: DType) -> Result<usize> {
     }
 }
 
+/// Refuses an input buffer `x` shorter than the `bytes` its `shape` of
+/// `dtype` values need.
+pub(super) fn check_holds(
+    x: &DevBuf,
+    bytes: usize,
+    shape: std::fmt::Arguments,
+    dtype: DType,
+) -> Result<()> {
+    if x.len_bytes() < bytes {
+        return Err(CudaError::Invalid(format!(
+            "{} bytes do not hold {shape} {dtype:?}",
+            x.len_bytes()
+        )));
+    }
+    Ok(())
+}
+
 /// The f32 or BF16 instance `<prefix><fmt>_f32` / `_bf16` of a kernel
 /// (after [`input_size`] has checked the dtype).
 macro_rules! by_input {
@@ -335,12 +352,12 @@ impl CudaContext {
     ) -> Result<MxDevice> {
         let size = input_size(dtype)?;
         let names = mx_kernels(cfg.elem, dtype)?;
-        if x.len_bytes() < rows * len * size {
-            return Err(CudaError::Invalid(format!(
-                "{} bytes do not hold {rows} rows of {len} {dtype:?}",
-                x.len_bytes()
-            )));
-        }
+        check_holds(
+            x,
+            rows * len * size,
+            format_args!("{rows} rows of {len}"),
+            dtype,
+        )?;
         let padded_len = padded(len);
         let nb = padded_len / BLOCK;
         let nblocks = rows * nb;
@@ -522,12 +539,7 @@ impl CudaContext {
     ) -> Result<(DevBuf, Fp8Kernels)> {
         let size = input_size(dtype)?;
         let names = fp8_kernels(elem, dtype)?;
-        if x.len_bytes() < numel * size {
-            return Err(CudaError::Invalid(format!(
-                "{} bytes do not hold {numel} {dtype:?}",
-                x.len_bytes()
-            )));
-        }
+        check_holds(x, numel * size, format_args!("{numel}"), dtype)?;
         let n = numel as u64;
         // 16-byte vectors of the input, spread over a few CTAs per SM.
         let vectors = n / (16 / size as u64);
