@@ -317,6 +317,10 @@ struct InF32 {
     }
     // Element k (< VEC) of a loaded vector.
     __device__ __forceinline__ static float elem(const Vec16& q, int k) { return u2f(q.w[k]); }
+    // Element i of x into slot k of q, whose slot is zero (the ragged edge).
+    __device__ __forceinline__ static void load_into(Vec16& q, int k, const void* x, u64 i) {
+        q.w[k] = ((const u32*)x)[i];
+    }
 };
 
 struct InBF16 {
@@ -331,6 +335,9 @@ struct InBF16 {
     __device__ __forceinline__ static float elem(const Vec16& q, int k) {
         const u32 w = q.w[k >> 1];
         return u2f((k & 1) ? (w & 0xFFFF0000u) : (w << 16));
+    }
+    __device__ __forceinline__ static void load_into(Vec16& q, int k, const void* x, u64 i) {
+        q.w[k >> 1] |= (u32)((const u16*)x)[i] << (16 * (k & 1));
     }
 };
 

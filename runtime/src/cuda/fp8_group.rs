@@ -161,28 +161,45 @@ fn threads(items: usize) -> Result<cudarc::driver::LaunchConfig> {
     grid(items as u64, THREADS as u64, THREADS)
 }
 
-/// One CTA per `TILE` x `TILE` tile of `[rows, cols]`.
-fn tiles(rows: usize, cols: usize) -> Result<cudarc::driver::LaunchConfig> {
-    let n = rows.div_ceil(TILE) * cols.div_ceil(TILE);
+/// One CTA per `side` x `side` tile of `[rows, cols]`.
+fn tiles(rows: usize, cols: usize, side: usize) -> Result<cudarc::driver::LaunchConfig> {
+    let n = rows.div_ceil(side) * cols.div_ceil(side);
     grid(n as u64 * THREADS as u64, THREADS as u64, THREADS)
 }
 
-/// One direction's output of `fp8g_encode2d` (struct Fp8gOut in
-/// quantize_fp8_group.cu); a null `codes` is a direction not wanted.
+/// One direction's outputs (struct Fp8gOut in quantize_fp8_group.cu); a
+/// null `codes` is a direction not wanted.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 struct Fp8gOut {
     codes: u64,
     scales: u64,
+    vec: u64,
+    blk: u64,
     kp: u32,
     r_pad: u32,
-    glen: u32,
+    gpr: u32,
     pad: u32,
 }
 
 // SAFETY: a plain #[repr(C)] struct of integers, laid out as Fp8gOut in
 // quantize_fp8_group.cu.
 unsafe impl DeviceRepr for Fp8gOut {}
+
+impl Fp8gOut {
+    fn of(q: &Fp8GroupDevice) -> Self {
+        Fp8gOut {
+            codes: q.codes.ptr(),
+            scales: q.scales.ptr(),
+            vec: q.vec.ptr(),
+            blk: q.blk.as_ref().map_or(0, DevBuf::ptr),
+            kp: q.stored_len() as u32,
+            r_pad: r16(q.rows) as u32,
+            gpr: q.groups_per_row() as u32,
+            pad: 0,
+        }
+    }
+}
 
 /// Elements per group: the whole (non-empty) row for rowwise, 128 for blocks.
 fn group_len(cfg: &Fp8GroupConfig, len: usize) -> usize {
@@ -195,8 +212,9 @@ fn group_len(cfg: &Fp8GroupConfig, len: usize) -> usize {
 impl CudaContext {
     /// FP8 group quantization of a row-major `[rows, cols]` f32 or BF16
     /// matrix along its columns (`dirs[0]`, axis-last rows = its rows)
-    /// and/or along its rows (`dirs[1]`, axis-last rows = its columns):
-    /// one amax pass and one encode pass over the input for both.
+    /// and/or along its rows (`dirs[1]`, axis-last rows = its columns),
+    /// both from the same reads: one pass over the input for 128-blocks,
+    /// an amax pass and an encode pass for rowwise.
     /// Runs without waiting: [`Fp8GroupDevice::check_finite`] or a deferred
     /// check on [`Fp8GroupDevice::amax_ptr`] raises the non-finite amax.
     pub fn quantize_fp8_group_2d(
@@ -214,19 +232,19 @@ impl CudaContext {
             format_args!("[{rows}, {cols}]"),
             dtype,
         )?;
-        let (rows32, cols32) = (u32_of(rows, "rows")?, u32_of(cols, "cols")?);
+        u32_of(rows, "rows")?;
+        u32_of(cols, "cols")?;
         let flag = Arc::new(self.alloc_zeroed(16)?);
         let tile2d = matches!(cfg.grouping, Grouping::Block128 { tile2d: true });
         let views = [(rows, cols), (cols, rows)];
         let mut out: [Option<Fp8GroupDevice>; 2] = [None, None];
-        let mut parts: [Option<DevBuf>; 2] = [None, None];
         for d in 0..2 {
             let (r, l) = views[d];
             if !dirs[d] {
                 continue;
             }
             let (kp, gpr, rp) = (stored_len(cfg, l), groups_per_row(cfg, l), r16(r));
-            // The encoder's sizes are u32 (Fp8gOut).
+            // The kernels' sizes are u32 (Fp8gOut).
             u32_of(rp, "padded rows")?;
             u32_of(kp, "row length")?;
             out[d] = Some(Fp8GroupDevice {
@@ -241,8 +259,87 @@ impl CudaContext {
                     .transpose()?,
                 flag: flag.clone(),
             });
-            // One amax word per 64-element piece of each axis-last row.
-            parts[d] = Some(self.alloc(4 * r * l.div_ceil(TILE))?);
+        }
+        let enc = out
+            .each_ref()
+            .map(|q| q.as_ref().map_or_else(Fp8gOut::default, Fp8gOut::of));
+        // The padded extents of the two directions, rows and columns.
+        let ext_r = (enc[0].r_pad as usize).max(enc[1].kp as usize);
+        let ext_c = (enc[0].kp as usize).max(enc[1].r_pad as usize);
+        match cfg.grouping {
+            Grouping::Block128 { .. } => {
+                self.fp8_block_2d(x, dtype, (rows, cols), cfg, (ext_r, ext_c), &enc, &flag)?
+            }
+            Grouping::Rowwise => {
+                self.fp8_rowwise_2d(x, dtype, (rows, cols), &out, (ext_r, ext_c), &enc, &flag)?
+            }
+        }
+        Ok(out)
+    }
+
+    /// `fp8g_block2d`: a CTA per 128 x 128 tile of the padded extents
+    /// (multiples of 128 wherever a direction has codes to write).
+    #[allow(clippy::too_many_arguments)]
+    fn fp8_block_2d(
+        &self,
+        x: &DevBuf,
+        dtype: DType,
+        (rows, cols): (usize, usize),
+        cfg: &Fp8GroupConfig,
+        (ext_r, ext_c): (usize, usize),
+        enc: &[Fp8gOut; 2],
+        flag: &DevBuf,
+    ) -> Result<()> {
+        if ext_r * ext_c == 0 {
+            return Ok(());
+        }
+        let name = by_dtype(dtype, "fp8g_block2d_f32", "fp8g_block2d_bf16");
+        let tiles_x = u32_of(ext_c.div_ceil(FP8_BLOCK), "column tiles")?;
+        let (xp, fp) = (x.ptr(), flag.ptr());
+        let (r32, c32) = (rows as u32, cols as u32);
+        let tile2d = matches!(cfg.grouping, Grouping::Block128 { tile2d: true }) as i32;
+        let pow2 = cfg.pow2 as i32;
+        // As fp8g_block2d: each direction's codes hold r_pad * kp bytes, its
+        // scales and vec gpr * r_pad f32, its blk ceil(R / 128) * gpr; the
+        // grid covers [ext_r, ext_c].
+        launch_kernel!(
+            self,
+            &QUANTIZE_FP8_GROUP,
+            name,
+            tiles(ext_r, ext_c, FP8_BLOCK)?,
+            &xp,
+            &r32,
+            &c32,
+            &tiles_x,
+            &enc[0],
+            &enc[1],
+            &tile2d,
+            &pow2,
+            &fp
+        )
+    }
+
+    /// Rowwise: `fp8g_amax2d`, `fp8g_scales` per direction, `fp8g_encode2d`.
+    #[allow(clippy::too_many_arguments)]
+    fn fp8_rowwise_2d(
+        &self,
+        x: &DevBuf,
+        dtype: DType,
+        (rows, cols): (usize, usize),
+        out: &[Option<Fp8GroupDevice>; 2],
+        (ext_r, ext_c): (usize, usize),
+        enc: &[Fp8gOut; 2],
+        flag: &DevBuf,
+    ) -> Result<()> {
+        let (rows32, cols32) = (rows as u32, cols as u32);
+        // One amax word per 64-element piece of each axis-last row.
+        let views = [(rows, cols), (cols, rows)];
+        let mut parts: [Option<DevBuf>; 2] = [None, None];
+        for d in 0..2 {
+            if out[d].is_some() {
+                let (r, l) = views[d];
+                parts[d] = Some(self.alloc(4 * r * l.div_ceil(TILE))?);
+            }
         }
         if rows * cols > 0 {
             let pp = parts.each_ref().map(|p| p.as_ref().map_or(0, DevBuf::ptr));
@@ -254,7 +351,7 @@ impl CudaContext {
                 self,
                 &QUANTIZE_FP8_GROUP,
                 name,
-                tiles(rows, cols)?,
+                tiles(rows, cols, TILE)?,
                 &xp,
                 &rows32,
                 &cols32,
@@ -262,88 +359,52 @@ impl CudaContext {
                 &pp[1]
             )?;
         }
-        let mut enc = [Fp8gOut::default(); 2];
         for d in 0..2 {
-            let (Some(q), Some(part)) = (&out[d], &parts[d]) else {
-                continue;
-            };
-            self.fp8_group_scales(q, part, &flag)?;
-            let kp = q.stored_len();
-            enc[d] = Fp8gOut {
-                codes: q.codes.ptr(),
-                scales: q.scales.ptr(),
-                kp: kp as u32,
-                r_pad: r16(q.rows) as u32,
-                pad: 0,
-                glen: u32_of(group_len(cfg, q.len), "group length")?,
-            };
+            if let (Some(q), Some(part)) = (&out[d], &parts[d]) {
+                self.fp8_rowwise_scales(q, part, flag)?;
+            }
         }
-        // The padded extents of the two directions, rows and columns.
-        let ext_r = (enc[0].r_pad as usize).max(enc[1].kp as usize);
-        let ext_c = (enc[0].kp as usize).max(enc[1].r_pad as usize);
-        if ext_r * ext_c > 0 {
-            let name = by_dtype(dtype, "fp8g_encode2d_f32", "fp8g_encode2d_bf16");
-            let (xp, ext32) = (x.ptr(), u32_of(ext_c, "padded columns")?);
-            // As fp8g_encode2d: each direction's codes hold r_pad * kp bytes,
-            // its scales R * gpr f32; the grid covers [ext_r, ext_c].
-            launch_kernel!(
-                self,
-                &QUANTIZE_FP8_GROUP,
-                name,
-                tiles(ext_r, ext_c)?,
-                &xp,
-                &rows32,
-                &cols32,
-                &ext32,
-                &enc[0],
-                &enc[1]
-            )?;
+        if ext_r * ext_c == 0 {
+            return Ok(());
         }
-        Ok(out)
+        let name = by_dtype(dtype, "fp8g_encode2d_f32", "fp8g_encode2d_bf16");
+        let (xp, ext32) = (x.ptr(), u32_of(ext_c, "padded columns")?);
+        // As fp8g_encode2d: each direction's codes hold r_pad * kp bytes,
+        // its scales R f32; the grid covers [ext_r, ext_c].
+        launch_kernel!(
+            self,
+            &QUANTIZE_FP8_GROUP,
+            name,
+            tiles(ext_r, ext_c, TILE)?,
+            &xp,
+            &rows32,
+            &cols32,
+            &ext32,
+            &enc[0],
+            &enc[1]
+        )
     }
 
-    /// `fp8g_scales` of one direction from its amax pieces `part`.
-    fn fp8_group_scales(&self, q: &Fp8GroupDevice, part: &DevBuf, flag: &DevBuf) -> Result<()> {
+    /// `fp8g_scales` of one rowwise direction from its amax pieces `part`.
+    fn fp8_rowwise_scales(&self, q: &Fp8GroupDevice, part: &DevBuf, flag: &DevBuf) -> Result<()> {
         if q.rows == 0 {
             return Ok(());
         }
-        let (r, gpr, rp) = (q.rows, q.groups_per_row(), r16(q.rows));
-        let np = q.len.div_ceil(TILE);
-        let ppg = match q.config.grouping {
-            Grouping::Rowwise => np,
-            Grouping::Block128 { .. } => FP8_BLOCK / TILE,
-        };
         let (pp, sp, vp, fp) = (part.ptr(), q.scales.ptr(), q.vec.ptr(), flag.ptr());
-        let (r32, np32, ppg32, gpr32, rp32) =
-            (r as u32, np as u32, ppg as u32, gpr as u32, rp as u32);
-        let (t32, pow2) = (q.blk.is_some() as i32, q.config.pow2 as i32);
-        let bp = q.blk.as_ref().map_or(0, DevBuf::ptr);
-        let cfg = match q.blk {
-            None => threads(r * gpr)?,
-            // A CTA of 128 threads per tile.
-            Some(_) => {
-                let ctas = (r.div_ceil(FP8_BLOCK) * gpr) as u64;
-                grid(ctas * FP8_BLOCK as u64, FP8_BLOCK as u64, FP8_BLOCK as u32)?
-            }
-        };
-        // As fp8g_scales: part holds np * r words; scales and vec gpr * rp
-        // f32, blk ceil(r / 128) * gpr.
+        let (r32, np32) = (q.rows as u32, q.len.div_ceil(TILE) as u32);
+        let pow2 = q.config.pow2 as i32;
+        // As fp8g_scales: part holds np * R words; scales and vec R f32.
         launch_kernel!(
             self,
             &QUANTIZE_FP8_GROUP,
             "fp8g_scales",
-            cfg,
+            threads(q.rows)?,
             &pp,
             &r32,
             &np32,
-            &ppg32,
-            &gpr32,
-            &t32,
             &pow2,
-            &rp32,
             &sp,
             &vp,
-            &bp,
             &fp
         )
     }

@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""The FP8 rowwise and 128-block quantizer kernels, run on the CPU through
+emu.hpp, against the CPU reference (`mxswitch quantize`), byte for byte.
+
+    python3 bench/kernel_emu/check_fp8_group.py [--mxswitch target/release/mxswitch]
+
+Builds fp8_group.cpp with the host C++ compiler (g++ or clang++, C++20,
+-ffp-contract=off), then for rowwise, 128-blocks and 128 x 128 tiles, f32
+and BF16 input, pow2 off and on, and awkward shapes and values (zeros, -0,
+subnormals, huge values, rounding ties), compares every direction's codes,
+scales, scale_inv and tile scale_inv, the padding (zero codes, zero
+scale_inv rows) and the amax flag. Ends with "N passed, M failed" and
+exits 1 on any failure. Only the standard library is needed.
+"""
+import argparse
+import array
+import json
+import os
+import random
+import struct
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..", "..")
+SHAPES = [(1, 1), (3, 17), (16, 127), (129, 128), (2, 129), (130, 300), (257, 520),
+          (1000, 33), (64, 64), (300, 1000), (1283, 77), (256, 384)]
+
+
+def r16(n):
+    return (n + 15) // 16 * 16
+
+
+def awkward(rows, cols, seed):
+    """f32 values over many binades, with zeros, -0, subnormals, huge values
+    and E4M3 rounding ties after scaling by a power of two."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(rows * cols):
+        k = rng.random()
+        if k < 0.05:
+            v = 0.0
+        elif k < 0.07:
+            v = -0.0
+        elif k < 0.09:
+            v = rng.choice([1e-40, -3e-42, 1e-45])
+        elif k < 0.10:
+            v = rng.choice([3e38, -1e30, 6.5e4])
+        elif k < 0.20:
+            # 1 + m/8 + 1/16: halfway between two E4M3 neighbours.
+            v = (1 + rng.randrange(8) / 8 + 1 / 16) * 2.0 ** rng.randrange(-10, 10)
+        else:
+            v = rng.gauss(0, 1) * 2.0 ** rng.randrange(-20, 20)
+        out.append(v)
+    return array.array("f", out)
+
+
+def to_bf16_bits(x):
+    """Round-to-nearest-even f32 -> BF16 bits (finite inputs)."""
+    bits = array.array("I", x.tobytes())
+    return array.array("H", [((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF for b in bits])
+
+
+def write_st(path, data, dtype, shape):
+    hdr = json.dumps({"x": {"dtype": dtype, "shape": shape, "data_offsets": [0, len(data)]}}).encode()
+    hdr += b" " * ((8 - len(hdr) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hdr)) + hdr + data)
+
+
+def read_st(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    hdr = json.loads(b[8:8 + n])
+    out = {}
+    for k, v in hdr.items():
+        if k == "__metadata__":
+            continue
+        s, e = v["data_offsets"]
+        raw = b[8 + n + s:8 + n + e]
+        out[k] = (v["shape"], raw if v["dtype"] == "U8" else array.array("f", raw))
+    return out
+
+
+def f32s(path):
+    return array.array("f", open(path, "rb").read())
+
+
+def bits(v):
+    return struct.unpack("<I", struct.pack("<f", v))[0]
+
+
+def check_dir(tmp, d, rows, cols, grouping, cpu):
+    """Compares direction d ("c": along the columns, "r": along the rows) of
+    the emulated kernels with the CPU's tensors; returns the differences."""
+    R, L = (rows, cols) if d == "c" else (cols, rows)
+    kp = r16(L) if grouping == "rowwise" else (L + 127) // 128 * 128
+    plen = L if grouping == "rowwise" else kp  # the CPU's padded length
+    gpr = 1 if grouping == "rowwise" else kp // 128
+    rp = r16(R)
+    codes = open(f"{tmp}/out.{d}.codes", "rb").read()
+    scales, vec = f32s(f"{tmp}/out.{d}.scales"), f32s(f"{tmp}/out.{d}.vec")
+    (cshape, ccodes), (sshape, cscales) = cpu["x.codes"], cpu["x.scales"]
+    bad = []
+    # The CPU keeps the input's layout: [R, plen] along the columns,
+    # [plen, R] along the rows; scales [R, gpr] or [gpr, R].
+    for r in range(rp):
+        for i in range(kp):
+            got = codes[r * kp + i]
+            if r < R and i < plen:
+                want = ccodes[r * plen + i] if d == "c" else ccodes[i * R + r]
+            else:
+                want = 0
+            if got != want:
+                bad.append(f"code [{r}, {i}]: {got:#x}, cpu {want:#x}")
+                break
+        if bad:
+            break
+    for g in range(gpr):
+        for r in range(rp):
+            s, v = scales[g * rp + r], vec[g * rp + r]
+            if r >= R:
+                if bits(v) != 0:
+                    bad.append(f"scale_inv of padding row {r}: {v}")
+                continue
+            want = cscales[r * gpr + g] if d == "c" else cscales[g * R + r]
+            if bits(s) != bits(want):
+                bad.append(f"scale [{r}, {g}]: {s!r}, cpu {want!r}")
+            inv = array.array("f", [1.0 / want])[0] if want != 0 else float("inf")
+            if bits(v) != bits(inv):
+                bad.append(f"scale_inv [{r}, {g}]: {v!r}, want {inv!r}")
+    if grouping == "tiles":
+        blk = f32s(f"{tmp}/out.{d}.blk")
+        for t in range((R + 127) // 128):
+            for g in range(gpr):
+                want = vec[g * rp + 128 * t]
+                if bits(blk[t * gpr + g]) != bits(want):
+                    bad.append(f"tile scale_inv [{t}, {g}]: {blk[t * gpr + g]!r}, want {want!r}")
+    return bad[:5]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mxswitch", default=os.path.join(ROOT, "target", "release", "mxswitch"))
+    ap.add_argument("--cxx", default=os.environ.get("CXX", "g++"))
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="kernel_emu_")
+    exe = os.path.join(tmp, "fp8_group")
+    subprocess.run([args.cxx, "-std=c++20", "-O2", "-ffp-contract=off", "-pthread", "-Wno-unknown-pragmas",
+                    "-o", exe, os.path.join(HERE, "fp8_group.cpp")], check=True)
+    passed = failed = 0
+    fmt = {"rowwise": ["--format", "fp8-rowwise"], "block": ["--format", "fp8-block"],
+           "tiles": ["--format", "fp8-block", "--tile2d"]}
+    for grouping in ["rowwise", "block", "tiles"]:
+        for dtype in ["f32", "bf16"]:
+            for pow2 in [0, 1]:
+                for si, (rows, cols) in enumerate(SHAPES):
+                    x = awkward(rows, cols, 100 + si)
+                    if dtype == "bf16":
+                        b = to_bf16_bits(x)
+                        raw, st_dtype = b.tobytes(), "BF16"
+                    else:
+                        raw, st_dtype = x.tobytes(), "F32"
+                    open(f"{tmp}/x.raw", "wb").write(raw)
+                    write_st(f"{tmp}/x.st", raw, st_dtype, [rows, cols])
+                    dirs = ["both", "c", "r"][si % 3] if si < 3 else "both"
+                    subprocess.run([exe, f"{tmp}/x.raw", dtype, str(rows), str(cols), grouping, str(pow2), dirs,
+                                    f"{tmp}/out"], check=True)
+                    bad = []
+                    for d, axis in [("c", "-1"), ("r", "0")]:
+                        if dirs not in ("both", d):
+                            continue
+                        p = subprocess.run([args.mxswitch, "quantize", *fmt[grouping], "--axis", axis, "--pow2",
+                                            "true" if pow2 else "false", "--input", f"{tmp}/x.st", "--output",
+                                            f"{tmp}/cpu.st"], capture_output=True, text=True)
+                        if p.returncode != 0:
+                            bad.append(f"mxswitch quantize failed: {p.stderr.strip()}")
+                            continue
+                        bad += [f"{d}: {e}" for e in check_dir(tmp, d, rows, cols, grouping, read_st(f"{tmp}/cpu.st"))]
+                    # The flag: the largest |x| bits.
+                    xs = array.array("f", raw) if dtype == "f32" else array.array(
+                        "f", array.array("I", [h << 16 for h in array.array("H", raw)]).tobytes())
+                    want_flag = max((bits(v) & 0x7FFFFFFF for v in xs), default=0)
+                    got_flag = array.array("I", open(f"{tmp}/out.flag", "rb").read())[0]
+                    if got_flag != want_flag:
+                        bad.append(f"flag {got_flag:#x}, want {want_flag:#x}")
+                    label = f"{grouping} {dtype} pow2={pow2} [{rows}, {cols}] {dirs}"
+                    if bad:
+                        failed += 1
+                        print(f"FAIL {label}: " + "; ".join(bad[:5]))
+                    else:
+                        passed += 1
+                sys.stdout.flush()
+            print(f"{grouping} {dtype}: {passed} passed, {failed} failed so far")
+    # A NaN or an Inf reaches the flag, which the host's finite check reads.
+    for grouping in ["rowwise", "block", "tiles"]:
+        for bad_v, want in [(float("nan"), "nan"), (float("inf"), "inf")]:
+            x = awkward(130, 300, 5)
+            x[129 * 300 + 257] = bad_v
+            open(f"{tmp}/x.raw", "wb").write(x.tobytes())
+            subprocess.run([exe, f"{tmp}/x.raw", "f32", "130", "300", grouping, "0", "both", f"{tmp}/out"], check=True)
+            f = array.array("I", open(f"{tmp}/out.flag", "rb").read())[0]
+            ok = f > 0x7F800000 if want == "nan" else f == 0x7F800000
+            if ok:
+                passed += 1
+            else:
+                failed += 1
+                print(f"FAIL {grouping} {want} in the input: flag {f:#x}")
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
