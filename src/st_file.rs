@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::io::{self, Write};
 
+use mxswitch_runtime::formats::bf16;
 use safetensors::tensor::{Dtype, SafeTensorError};
 use serde_json::{Map, Value};
 
@@ -25,6 +26,31 @@ pub struct StTensor<'a> {
     /// The element bytes, exactly `shape`'s element count times the dtype's
     /// size (checked by [`parse`]), borrowed from the file's bytes.
     pub data: &'a [u8],
+}
+
+/// A float tensor's little-endian values as f32: F32 as stored, BF16 and
+/// F16 widened exactly, F64 rounded to nearest; `None` for any other dtype.
+pub fn floats(dtype: Dtype, bytes: &[u8]) -> Option<Vec<f32>> {
+    let x = match dtype {
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Dtype::BF16 => bytes
+            .chunks_exact(2)
+            .map(|b| bf16::to_f32(u16::from_le_bytes([b[0], b[1]])))
+            .collect(),
+        Dtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        Dtype::F64 => bytes
+            .chunks_exact(8)
+            .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")) as f32)
+            .collect(),
+        _ => return None,
+    };
+    Some(x)
 }
 
 /// Why a header size does not fit (the first 8 bytes of any other file give

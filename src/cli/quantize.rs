@@ -44,7 +44,6 @@ use std::path::PathBuf;
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use mxswitch::files::{self, FileError};
-use mxswitch::runtime::formats::bf16;
 use mxswitch::runtime::quant::dispatch::{
     quantize, QuantFlag, QuantFormat, QuantOptions, Quantized,
 };
@@ -297,25 +296,14 @@ fn is_float(dtype: Dtype) -> bool {
     matches!(dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16)
 }
 
-/// f32 values of a float tensor's little-endian bytes (bf16 and f16 widen
+/// f32 values of a tensor this command quantizes (bf16 and f16 widen
 /// exactly); `None` for any other dtype.
 fn widen(dtype: Dtype, data: &[u8]) -> Option<Vec<f32>> {
-    let x = match dtype {
-        Dtype::F32 => data
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-        Dtype::BF16 => data
-            .chunks_exact(2)
-            .map(|b| bf16::to_f32(u16::from_le_bytes([b[0], b[1]])))
-            .collect(),
-        Dtype::F16 => data
-            .chunks_exact(2)
-            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-        _ => return None,
-    };
-    Some(x)
+    if is_float(dtype) {
+        mxswitch::st_file::floats(dtype, data)
+    } else {
+        None
+    }
 }
 
 /// "2 tensor(s): ids (I64), mask (BOOL)" for the no-float-tensor error,

@@ -279,25 +279,8 @@ fn read_reason(e: &io::Error) -> String {
 
 /// Little-endian values of a float `dtype` as f32 (F64 rounded to nearest).
 fn floats(dtype: Dtype, bytes: &[u8]) -> Vec<f32> {
-    match dtype {
-        Dtype::F32 => bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-        Dtype::BF16 => bytes
-            .chunks_exact(2)
-            .map(|b| bf16::to_f32(u16::from_le_bytes([b[0], b[1]])))
-            .collect(),
-        Dtype::F16 => bytes
-            .chunks_exact(2)
-            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
-        Dtype::F64 => bytes
-            .chunks_exact(8)
-            .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")) as f32)
-            .collect(),
-        other => unreachable!("{other:?} was refused when the shard was opened"),
-    }
+    st_file::floats(dtype, bytes)
+        .unwrap_or_else(|| unreachable!("{dtype:?} was refused when the shard was opened"))
 }
 
 /// Little-endian values of an integer or float `dtype` as f64 (exact for
