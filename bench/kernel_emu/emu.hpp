@@ -72,25 +72,33 @@ inline unsigned int fp8x2_rne_satfinite(float hi, float lo, Encode encode) {
     return (encode(hi) << 8) | encode(lo);
 }
 
+// Runs `kernel` over a grid of gx x gy blocks of `threads` threads.
+template <class K>
+void launch2d(unsigned gx, unsigned gy, unsigned threads, K kernel) {
+    blockDim = {threads, 1, 1};
+    gridDim = {gx, gy, 1};
+    for (unsigned by = 0; by < gy; ++by) {
+        for (unsigned bx = 0; bx < gx; ++bx) {
+            std::barrier<> bar(threads);
+            emu_barrier = &bar;
+            std::vector<std::thread> ts;
+            ts.reserve(threads);
+            for (unsigned t = 0; t < threads; ++t) {
+                ts.emplace_back([=] {
+                    threadIdx = {t, 0, 0};
+                    blockIdx = {bx, by, 0};
+                    kernel();
+                    // An exited thread no longer holds the others at a barrier.
+                    emu_barrier->arrive_and_drop();
+                });
+            }
+            for (auto& t : ts) t.join();
+        }
+    }
+}
+
 // Runs `kernel` over `blocks` blocks of `threads` threads.
 template <class K>
 void launch(unsigned blocks, unsigned threads, K kernel) {
-    blockDim = {threads, 1, 1};
-    gridDim = {blocks, 1, 1};
-    for (unsigned b = 0; b < blocks; ++b) {
-        std::barrier<> bar(threads);
-        emu_barrier = &bar;
-        std::vector<std::thread> ts;
-        ts.reserve(threads);
-        for (unsigned t = 0; t < threads; ++t) {
-            ts.emplace_back([=] {
-                threadIdx = {t, 0, 0};
-                blockIdx = {b, 0, 0};
-                kernel();
-                // An exited thread no longer holds the others at a barrier.
-                emu_barrier->arrive_and_drop();
-            });
-        }
-        for (auto& t : ts) t.join();
-    }
+    launch2d(blocks, 1, threads, kernel);
 }

@@ -103,12 +103,12 @@ __device__ __forceinline__ u32 encode_rne(float x) {
     return is_nan_bits(bits) ? nan_code<F>(sign) : code;
 }
 
-// encode_sr<E2M1> without branches. For a = min(|x|, 6) in [2^E, 2^(E+1))
-// (E = 0, 1, 2; E = 0 below 1 as well) the codes step by 2^(E-1), so the
-// lower code is 2E + n, n = floor(q), q = a / 2^(E-1) (exact), and the
-// fraction is q - n: the values encode_sr's two branches give.
-__device__ __forceinline__ u32 encode_sr_e2m1(float x, u32 r) {
-    const u32 bits = f2u(x);
+// encode_sr<E2M1> of an x that is not NaN, without branches. For
+// a = min(|x|, 6) in [2^E, 2^(E+1)) (E = 0, 1, 2; E = 0 below 1 as well)
+// the codes step by 2^(E-1), so the lower code is 2E + n, n = floor(q),
+// q = a / 2^(E-1) (exact), and the fraction is q - n: the values encode_sr's
+// two branches give. a = 6 is a code (fraction 0), so the sum stays <= 7.
+__device__ __forceinline__ u32 encode_sr_e2m1_finite(float x, u32 r) {
     const float a = fminf(fabsf(x), 6.0f);
     const u32 e = max(f2u(a) & 0x7F800000u, 0x3F800000u);  // 2^E
     const float q = a * u2f((255u << 23) - e);             // a * 2^(1-E)
@@ -116,8 +116,12 @@ __device__ __forceinline__ u32 encode_sr_e2m1(float x, u32 r) {
     const float frac = q - n;
     const u32 lo = ((e >> 22) - 254u) + (f2u(n + 8388608.0f) - 0x4B000000u);
     const bool up = (float)(r >> 8) < frac * 16777216.0f;
-    const u32 code = min(lo + (up ? 1u : 0u), 7u) | ((bits >> 31) << 3);
-    return is_nan_bits(bits) ? 0u : code;
+    return (lo + (up ? 1u : 0u)) | ((f2u(x) >> 31) << 3);
+}
+
+// encode_sr<E2M1>: a NaN encodes as +0.
+__device__ __forceinline__ u32 encode_sr_e2m1(float x, u32 r) {
+    return is_nan_bits(f2u(x)) ? 0u : encode_sr_e2m1_finite(x, r);
 }
 
 // Satfinite encoding with stochastic rounding (formats.rs, encode_sr): round
@@ -289,11 +293,17 @@ __device__ __forceinline__ void butterfly_stage(float* g, int h) {
     }
 }
 
-__device__ __forceinline__ void hadamard16(float* g) {
+// The four butterfly stages without the final * 0.25: an amax pass scales
+// the max instead (rounding is monotone, so max |fl(x / 4)| = fl(max |x| / 4)).
+__device__ __forceinline__ void hadamard16_sums(float* g) {
     butterfly_stage(g, 1);
     butterfly_stage(g, 2);
     butterfly_stage(g, 4);
     butterfly_stage(g, 8);
+}
+
+__device__ __forceinline__ void hadamard16(float* g) {
+    hadamard16_sums(g);
 #pragma unroll
     for (int i = 0; i < 16; ++i) g[i] *= 0.25f;
 }

@@ -19,11 +19,14 @@
 //                                   the tensor scale t (where the GEMM's scale_inv
 //                                   pointer looks)
 //
-// Two launches over the same grid: PHASE_AMAX reduces each direction's A
-// (the max of its block amaxes, after its Hadamard-16 when asked) with one
-// atomicMax per CTA, and PHASE_QUANTIZE, which needs t and so the whole
-// tensor's A, encodes. A direction without the Hadamard has the plain amax of
-// x; when neither has it, both states take the one value.
+// Two passes: the amax pass reduces each direction's A (the max of its
+// block amaxes, after its Hadamard-16 when asked) with one atomicMax per CTA,
+// and nvfp4_tile's PHASE_QUANTIZE, which needs t and so the whole tensor's A,
+// encodes. A direction without the Hadamard has the plain amax of x; when
+// neither has it, both states take the one value. The amax pass is
+// nvfp4_amax, straight from global memory, unless the direction along the
+// columns has the Hadamard: then it is nvfp4_tile's PHASE_AMAX over the
+// quantize pass's grid.
 //
 // Steps (each one IEEE f32 operation, no FMA: the host compiles with
 // --fmad=false --prec-div=true):
@@ -150,6 +153,17 @@ __device__ __forceinline__ void nv_store_stage(const NvDir& d, const NvStage& st
 // encode_blocks_with), RNE or stochastically with element i of the padded
 // layout taking word i % 4 of philox([i / 4, step, tensor_id], seed).
 __device__ __forceinline__ void nv_encode(const float* v, float r, const NvDir& d, u64 b, u32* w) {
+    if ((f2u(r) & 0x7F800000u) == 0x7F800000u) {
+        // r = +Inf (A below 2688 * 2^-128): v * r is +-Inf, which encodes as
+        // +-6 (stochastically too: its fraction is 0), or NaN (v = 0), which
+        // encodes as +0.
+        u32 c[NV_BLOCK];
+#pragma unroll
+        for (int i = 0; i < NV_BLOCK; ++i) c[i] = encode_rne<E2M1>(clamp_keep_nan(v[i] * r, -6.0f, 6.0f));
+        pack_codes<E2M1, NV_BLOCK>(c, w);
+        return;
+    }
+    // r finite and every x finite (A passed), so every product is finite.
     if (d.sr) {
         // Packed as pack_codes packs them, group by group (fewer live registers).
         w[0] = w[1] = 0u;
@@ -160,26 +174,16 @@ __device__ __forceinline__ void nv_encode(const float* v, float r, const NvDir& 
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
                 const int i = 4 * g + q;
-                w[i / 8] |= encode_sr<E2M1>(clamp_keep_nan(v[i] * r, -6.0f, 6.0f), rw[q]) << (4 * (i % 8));
+                w[i / 8] |= encode_sr_e2m1_finite(v[i] * r, rw[q]) << (4 * (i % 8));
             }
         }
         return;
     }
-    u32 c[NV_BLOCK];
-    if ((f2u(r) & 0x7F800000u) != 0x7F800000u) {
-        // r finite and every x finite (A passed), so every product is finite
-        // and the fast encoder, which saturates at 6, gives encode_rne's bits.
-        float q[NV_BLOCK];
+    // The fast encoder saturates at 6 and gives encode_rne's bits.
+    float q[NV_BLOCK];
 #pragma unroll
-        for (int i = 0; i < NV_BLOCK; ++i) q[i] = v[i] * r;
-        encode_pack_finite<E2M1, NV_BLOCK>(q, w);
-        return;
-    } else {
-        // r = +Inf (A below 2688 * 2^-128): 0 * Inf is NaN, which E2M1 encodes as +0.
-#pragma unroll
-        for (int i = 0; i < NV_BLOCK; ++i) c[i] = encode_rne<E2M1>(clamp_keep_nan(v[i] * r, -6.0f, 6.0f));
-    }
-    pack_codes<E2M1, NV_BLOCK>(c, w);
+    for (int i = 0; i < NV_BLOCK; ++i) q[i] = v[i] * r;
+    encode_pack_finite<E2M1, NV_BLOCK>(q, w);
 }
 
 template <class In>
@@ -188,10 +192,19 @@ __device__ __forceinline__ void nvfp4_tile(const void* __restrict__ x, u32 rows,
     __shared__ float slab[NV_SLAB * NV_STRIDE];
     __shared__ u32 block_amax[2][NV_THREADS];
     __shared__ u32 cta_amax[2];
+    __shared__ float tensor_scale[2][2];  // per direction: t and fl32(1 / t)
     __shared__ NvStage stage;
     const u32 row0 = blockIdx.y * NV_SLAB;
     const u32 col0 = blockIdx.x * NV_SLAB;
-    if (threadIdx.x < 2) cta_amax[threadIdx.x] = 0u;
+    if (threadIdx.x < 2) {
+        cta_amax[threadIdx.x] = 0u;
+        const u32* state = threadIdx.x == 0 ? cd.state : rd.state;
+        if (phase == NV_PHASE_QUANTIZE && state) {
+            const float t = nv_tensor_scale(state);
+            tensor_scale[threadIdx.x][0] = t;
+            tensor_scale[threadIdx.x][1] = 1.0f / t;
+        }
+    }
     load_slab<In, NV_SLAB, NV_SLAB, NV_STRIDE>(x, rows, cols, row0, col0, slab);
     __syncthreads();
     const u32 lane = threadIdx.x % NV_SLAB;  // slab row (along cols) or column (along rows)
@@ -203,11 +216,13 @@ __device__ __forceinline__ void nvfp4_tile(const void* __restrict__ x, u32 rows,
         // both parameter structs in local memory.
         const NvDir d = dir == 0 ? cd : rd;
         if (!d.state || (phase == NV_PHASE_AMAX && dir == 1 && same_amax)) continue;
+        // The block's 16 values: along slab row `lane` or down slab column
+        // `lane` (one address step per value, whichever the direction).
+        const u32 at = dir == 0 ? lane * NV_STRIDE + k * NV_BLOCK : k * NV_BLOCK * NV_STRIDE + lane;
+        const u32 step = dir == 0 ? 1u : NV_STRIDE;
         float v[NV_BLOCK];
 #pragma unroll
-        for (int i = 0; i < NV_BLOCK; ++i) {
-            v[i] = dir == 0 ? slab[lane * NV_STRIDE + k * NV_BLOCK + i] : slab[(k * NV_BLOCK + i) * NV_STRIDE + lane];
-        }
+        for (int i = 0; i < NV_BLOCK; ++i) v[i] = slab[at + i * step];
         if (d.hadamard) hadamard16(v);
         u32 a = amax_bits<NV_BLOCK>(v);
         if (phase == NV_PHASE_AMAX || tile2d) block_amax[dir][threadIdx.x] = a;
@@ -226,11 +241,11 @@ __device__ __forceinline__ void nvfp4_tile(const void* __restrict__ x, u32 rows,
         const u32 nb = (len + NV_BLOCK - 1) / NV_BLOCK;
         if (vrow0 + lane < vrows && kb0 + k < nb) {
             const u64 b = (vrow0 + lane) * nb + kb0 + k;
-            const float t = nv_tensor_scale(d.state);
+            const float t = tensor_scale[dir][0];
             if (b == 0) d.state[NV_T] = f2u(t);
             const u32 byte = nv_scale_byte(u2f(a), t);
             const float sq = decode<E4M3FN>(byte);
-            const float r = 1.0f / t / sq;
+            const float r = tensor_scale[dir][1] / sq;
             u32 w[2];
             nv_encode(v, r, d, b, w);
             stage.scales[lane * NV_SPR + k] = (u8)byte;
@@ -263,6 +278,57 @@ __device__ __forceinline__ void nvfp4_tile(const void* __restrict__ x, u32 rows,
     }
 }
 
+// The amax pass without the slab, for every case but a Hadamard along the
+// columns (which no recipe asks for; it keeps nvfp4_tile's PHASE_AMAX). x is
+// read once from global memory: a warp's lanes take consecutive 16-byte
+// vectors of 16 rows, so lane l of warp w holds rows r0 .. r0 + 15 of
+// In::VEC columns. The thread reduces max |x| (a direction without the
+// Hadamard) and, when rd has it, the amax of the Hadamard-16 of each of its
+// columns' 16 rows: the blocks of the direction along the rows (zero past
+// the matrix, as the padded view). One shared then one global atomicMax per
+// CTA and direction, into a state the host zeroed.
+#define NVA_WARPS (NV_THREADS / 32)
+template <class In>
+__device__ __forceinline__ void nvfp4_amax(const void* __restrict__ x, u32 rows, u32 cols, const NvDir& cd,
+                                           const NvDir& rd) {
+    __shared__ u32 cta_amax[2];
+    if (threadIdx.x < 2) cta_amax[threadIdx.x] = 0u;
+    const u32 c0 = (blockIdx.x * 32 + threadIdx.x % 32) * In::VEC;
+    const u32 r0 = (blockIdx.y * NVA_WARPS + threadIdx.x / 32) * NV_BLOCK;
+    Vec16 q[NV_BLOCK];
+#pragma unroll
+    for (int i = 0; i < NV_BLOCK; ++i) {
+        q[i] = Vec16{{0u, 0u, 0u, 0u}};
+        if (r0 + i >= rows || c0 >= cols) continue;
+        const u64 at = (u64)(r0 + i) * cols + c0;
+        if (cols % In::VEC == 0) {
+            q[i] = In::load_vec(x, at);
+        } else {
+            for (u32 k = 0; k < In::VEC && c0 + k < cols; ++k) In::load_into(q[i], k, x, at + k);
+        }
+    }
+    u32 plain = 0u, rotated = 0u;
+#pragma unroll
+    for (int k = 0; k < In::VEC; ++k) {
+        float g[NV_BLOCK];
+#pragma unroll
+        for (int i = 0; i < NV_BLOCK; ++i) g[i] = In::elem(q[i], k);
+        plain = max(plain, amax_bits<NV_BLOCK>(g));
+        if (rd.hadamard) {
+            hadamard16_sums(g);
+            rotated = max(rotated, amax_bits<NV_BLOCK>(g));
+        }
+    }
+    __syncthreads();
+    atomicMax(&cta_amax[0], plain);
+    if (rd.hadamard) atomicMax(&cta_amax[1], rotated);
+    __syncthreads();
+    if (threadIdx.x == 0 && cd.state) atomicMax(&cd.state[NV_AMAX], cta_amax[0]);
+    if (threadIdx.x == 1 && rd.state) {
+        atomicMax(&rd.state[NV_AMAX], rd.hadamard ? f2u(u2f(cta_amax[1]) * 0.25f) : cta_amax[0]);
+    }
+}
+
 // The GEMM operand of kept codes: deq[b * 16 + i] = BF16(decode(code) * s_q),
 // one thread per half block (word h of the codes, 16 bytes of BF16), so that
 // consecutive threads store consecutive 16 bytes.
@@ -283,3 +349,12 @@ extern "C" __global__ void __launch_bounds__(256) dequantize_nvfp4(const u8* cod
 
 NVFP4_TILE_KERNEL(f32, InF32)
 NVFP4_TILE_KERNEL(bf16, InBF16)
+
+#define NVFP4_AMAX_KERNEL(SUFFIX, IN)                                                                   \
+    extern "C" __global__ void __launch_bounds__(NV_THREADS) nvfp4_amax_##SUFFIX(                        \
+        const void* x, u32 rows, u32 cols, NvDir cd, NvDir rd) {                                        \
+        nvfp4_amax<IN>(x, rows, cols, cd, rd);                                                          \
+    }
+
+NVFP4_AMAX_KERNEL(f32, InF32)
+NVFP4_AMAX_KERNEL(bf16, InBF16)

@@ -32,6 +32,8 @@ pub const QUANTIZE_NVFP4: KernelSource = KernelSource {
 const THREADS: u32 = 256;
 /// Side of the square slab one CTA of `nvfp4_tile_*` quantizes (NV_SLAB).
 const SLAB: usize = 64;
+/// Rows one CTA of `nvfp4_amax_*` reads: 16 for each of its 8 warps.
+const AMAX_ROWS: usize = 128;
 /// Words of a state buffer: the FP8 state's amax, scale and scale_inv
 /// slots (quantize_fp8.cu).
 const STATE_WORDS: usize = 12;
@@ -277,7 +279,42 @@ impl CudaContext {
         };
         let name = by_dtype(dtype, "nvfp4_tile_f32", "nvfp4_tile_bf16");
         let tile2d = tile2d as i32;
-        for phase in [Phase::Amax, Phase::Quantize] {
+        // The amax pass: nvfp4_amax_* unless the direction along the columns
+        // has the Hadamard (then the tile kernel's PHASE_AMAX).
+        let phases = if cd.hadamard == 0 {
+            let vec_cols = 32 * (16 / size);
+            let acfg = LaunchConfig {
+                grid_dim: (
+                    u32_of(cols.div_ceil(vec_cols), "column strips")?,
+                    u32_of(rows.div_ceil(AMAX_ROWS), "row strips")?,
+                    1,
+                ),
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            if acfg.grid_dim.1 > 65535 {
+                return Err(CudaError::Invalid(format!(
+                    "nvfp4_amax: {rows} rows exceed the grid limit"
+                )));
+            }
+            let aname = by_dtype(dtype, "nvfp4_amax_f32", "nvfp4_amax_bf16");
+            // Both states were zeroed above.
+            launch_kernel!(
+                self,
+                &QUANTIZE_NVFP4,
+                aname,
+                acfg,
+                &xp,
+                &r32,
+                &c32,
+                &cd,
+                &rd
+            )?;
+            &[Phase::Quantize][..]
+        } else {
+            &[Phase::Amax, Phase::Quantize][..]
+        };
+        for &phase in phases {
             let phase = phase as i32;
             // Every output was allocated above for its direction's view, each state zeroed.
             launch_kernel!(
