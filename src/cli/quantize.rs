@@ -20,9 +20,17 @@
 //!   block scales are relative to.
 //! - `NAME.dequant` (F32, the input's shape), rotated back with `--hadamard`.
 //!
+//! `--sr SEED,STEP,TENSOR_ID` (MX formats and nvfp4) rounds the elements
+//! stochastically under the Philox key `SrKey { seed, step, tensor_id }`
+//! (SPEC section 2; STEP and TENSOR_ID count modulo 2^32), as a recipe
+//! rounds a gradient operand, instead of to nearest even: the same key
+//! gives the same bytes, on the CPU here and in the GPU kernels. Scales are
+//! the same either way; only the codes (and the dequantized values) change.
+//!
 //! Tensors of any other dtype are copied through unchanged and reported as
 //! skipped. The metadata keeps the input's own keys and describes this
-//! output only (old `mxswitch.*` keys are dropped).
+//! output only (old `mxswitch.*` keys are dropped): the format and every
+//! setting it takes, `mxswitch.sr` being the key (`7,3,1`) or `none`.
 //!
 //! Input that is not finite (NaN or Inf) is refused for every format. A
 //! finite block whose scale overflows (EVEN near f32's largest value gives
@@ -42,12 +50,12 @@ use std::fmt;
 use std::io::{self, Write as _};
 use std::path::PathBuf;
 
-use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::builder::{PossibleValuesParser, StringValueParser, TypedValueParser};
 use mxswitch::files::{self, FileError};
 use mxswitch::runtime::quant::dispatch::{
     quantize, QuantFlag, QuantFormat, QuantOptions, Quantized,
 };
-use mxswitch::runtime::quant::ScaleMode;
+use mxswitch::runtime::quant::{ScaleMode, SrKey};
 use mxswitch::st_file::{self, printable, StTensor};
 use safetensors::tensor::Dtype;
 
@@ -94,6 +102,13 @@ pub struct QuantizeArgs {
           value_parser = clap::builder::BoolValueParser::new())]
     pub pow2: Option<bool>,
 
+    /// Round the elements stochastically under the Philox key SEED,STEP,TENSOR_ID
+    /// (three unsigned decimal integers; STEP and TENSOR_ID count modulo 2^32),
+    /// as a recipe rounds a gradient, instead of to nearest even (MX formats
+    /// and nvfp4 only).
+    #[arg(long, value_name = "SEED,STEP,TENSOR_ID", value_parser = sr_key_parser())]
+    pub sr: Option<SrKey>,
+
     /// The safetensors file to quantize (a regular file).
     #[arg(long, value_name = "IN.safetensors")]
     pub input: PathBuf,
@@ -116,6 +131,11 @@ fn format_parser() -> impl TypedValueParser<Value = QuantFormat> {
 fn scale_mode_parser() -> impl TypedValueParser<Value = ScaleMode> {
     PossibleValuesParser::new(ScaleMode::ALL.map(ScaleMode::name))
         .try_map(|s| s.parse::<ScaleMode>())
+}
+
+/// `--sr`: the runtime's text form of a stochastic-rounding key.
+fn sr_key_parser() -> impl TypedValueParser<Value = SrKey> {
+    StringValueParser::new().try_map(|s| s.parse::<SrKey>())
 }
 
 /// Why `mxswitch quantize` failed. Every message is one line; tensor names
@@ -176,6 +196,7 @@ pub fn run(args: &QuantizeArgs) -> Result<(), QuantizeError> {
         tile2d: args.tile2d,
         hadamard: args.hadamard,
         pow2: args.pow2,
+        sr: args.sr,
     };
     check_options(args.format, &opts)?;
     if files::same_file(&args.input, &args.output) {
@@ -732,7 +753,8 @@ fn fmt_sci(v: f64, digits: usize) -> String {
 }
 
 /// "mxfp4 (scale even, axis -1, 32x32 tiles, hadamard)", "nvfp4 (axis -1,
-/// 16x16 tiles)", "fp8-rowwise (axis -1, pow2)" or "fp8-e4m3 (tensorwise)".
+/// 16x16 tiles, sr 7,3,1)", "fp8-rowwise (axis -1, pow2)" or "fp8-e4m3
+/// (tensorwise)".
 fn describe_format(format: QuantFormat, opts: &QuantOptions) -> String {
     let mut parts = Vec::new();
     if let Some(cfg) = format.default_config() {
@@ -755,6 +777,9 @@ fn describe_format(format: QuantFormat, opts: &QuantOptions) -> String {
     }
     if opts.hadamard {
         parts.push("hadamard".into());
+    }
+    if let Some(key) = opts.sr {
+        parts.push(format!("sr {key}"));
     }
     if opts.pow2.or(format.default_pow2()) == Some(true) {
         parts.push("pow2".into());
@@ -787,5 +812,7 @@ fn output_metadata(
     set(QuantFlag::Hadamard, "hadamard", opts.hadamard.to_string());
     let pow2 = opts.pow2.or(format.default_pow2()).unwrap_or(false);
     set(QuantFlag::Pow2, "pow2", pow2.to_string());
+    let sr = opts.sr.map_or_else(|| "none".into(), |key| key.to_string());
+    set(QuantFlag::Sr, "sr", sr);
     metadata
 }

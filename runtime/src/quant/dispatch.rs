@@ -11,6 +11,7 @@ use super::fp8::{quantize_tensorwise, Fp8Tensor};
 use super::fp8_group::{quantize_fp8_groups, Fp8GroupConfig, Fp8GroupTensor, Grouping};
 use super::mx::{quantize_mx, MxConfig, MxTensor};
 use super::nvfp4::{quantize_nvfp4, Nvfp4Config, Nvfp4Tensor};
+use super::philox::SrKey;
 use super::scale::ScaleMode;
 use crate::formats::ElemFormat;
 use crate::recipe::{Recipe, RecipeKind};
@@ -50,16 +51,19 @@ pub enum QuantFlag {
     Hadamard,
     /// `--pow2`: FP8 scales rounded down to powers of two.
     Pow2,
+    /// `--sr`: stochastic rounding of the elements under a Philox key.
+    Sr,
 }
 
 impl QuantFlag {
     /// Every flag, in the order errors check them.
-    pub const ALL: [QuantFlag; 5] = [
+    pub const ALL: [QuantFlag; 6] = [
         QuantFlag::ScaleMode,
         QuantFlag::Axis,
         QuantFlag::Tile2d,
         QuantFlag::Hadamard,
         QuantFlag::Pow2,
+        QuantFlag::Sr,
     ];
 
     /// The flag as the command line spells it.
@@ -70,6 +74,7 @@ impl QuantFlag {
             QuantFlag::Tile2d => "--tile2d",
             QuantFlag::Hadamard => "--hadamard",
             QuantFlag::Pow2 => "--pow2",
+            QuantFlag::Sr => "--sr",
         }
     }
 }
@@ -113,8 +118,9 @@ impl QuantFormat {
 
     /// Whether the format takes `flag`: scale modes are MX's; every block
     /// or row format has an axis; tiles are MX's, NVFP4's and the 128-block
-    /// format's; the Hadamard option is MX's and NVFP4's; power-of-two
-    /// scales are every FP8 format's.
+    /// format's; the Hadamard option and stochastic rounding are MX's and
+    /// NVFP4's (the quantizers with an SR key, SPEC sections 2 and 2b);
+    /// power-of-two scales are every FP8 format's.
     pub const fn takes(self, flag: QuantFlag) -> bool {
         use QuantFormat as F;
         match flag {
@@ -123,6 +129,7 @@ impl QuantFormat {
             QuantFlag::Tile2d => matches!(self, F::Mxfp4 | F::Mxfp8 | F::Nvfp4 | F::Fp8Block),
             QuantFlag::Hadamard => matches!(self, F::Mxfp4 | F::Mxfp8 | F::Nvfp4),
             QuantFlag::Pow2 => matches!(self, F::Fp8(_) | F::Fp8Rowwise | F::Fp8Block),
+            QuantFlag::Sr => matches!(self, F::Mxfp4 | F::Mxfp8 | F::Nvfp4),
         }
     }
 
@@ -190,6 +197,9 @@ pub struct QuantOptions {
     /// FP8 formats: scales rounded down to powers of two; `None` keeps the
     /// recipe's default ([`QuantFormat::default_pow2`]).
     pub pow2: Option<bool>,
+    /// MX and NVFP4: round the elements stochastically under this key
+    /// (SPEC section 2) instead of to nearest even.
+    pub sr: Option<SrKey>,
 }
 
 impl QuantOptions {
@@ -201,6 +211,7 @@ impl QuantOptions {
             QuantFlag::Tile2d => self.tile2d,
             QuantFlag::Hadamard => self.hadamard,
             QuantFlag::Pow2 => self.pow2.is_some(),
+            QuantFlag::Sr => self.sr.is_some(),
         }
     }
 
@@ -261,6 +272,7 @@ pub fn quantize(
             }
             cfg.tile2d = opts.tile2d;
             cfg.hadamard = opts.hadamard;
+            cfg.sr = opts.sr;
             quantize_mx(x, shape, axis, &cfg).map(Quantized::Mx)
         }
         QuantFormat::Fp8(elem) => {
@@ -270,7 +282,7 @@ pub fn quantize(
             let cfg = Nvfp4Config {
                 tile2d: opts.tile2d,
                 hadamard: opts.hadamard,
-                sr: None,
+                sr: opts.sr,
             };
             quantize_nvfp4(x, shape, axis, &cfg).map(Quantized::Nvfp4)
         }

@@ -4,6 +4,11 @@
 //! backend produce the same bits for the same element: the generator is a
 //! pure function of (key, counter), with no state to carry between calls.
 
+use std::fmt;
+use std::str::FromStr;
+
+use crate::{Error, Result};
+
 const M0: u32 = 0xD251_1F53;
 const M1: u32 = 0xCD9E_8D57;
 const W0: u32 = 0x9E37_79B9;
@@ -33,6 +38,10 @@ pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
 /// Element `i` (its flat index in the quantizer's padded, axis-last layout)
 /// takes word `i % 4` of `philox4x32_10([i/4 lo, i/4 hi, step, tensor_id],
 /// [seed lo, seed hi])`; `step` and `tensor_id` are taken modulo 2^32.
+///
+/// Its text form (`mxswitch quantize --sr`) is `SEED,STEP,TENSOR_ID`, three
+/// unsigned decimal integers below 2^64: [`FromStr`] reads it and
+/// [`fmt::Display`] writes it (`7,3,1`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SrKey {
     /// The run's seed: the Philox key.
@@ -65,9 +74,79 @@ impl SrKey {
     }
 }
 
+impl fmt::Display for SrKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{},{},{}", self.seed, self.step, self.tensor_id)
+    }
+}
+
+impl FromStr for SrKey {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || {
+            Error::InvalidOption(format!(
+                "a stochastic-rounding key is SEED,STEP,TENSOR_ID, three unsigned decimal \
+                 integers below 2^64 separated by commas (e.g. 7,3,1), not `{s}`"
+            ))
+        };
+        // Digits only: no sign, spaces or empty fields.
+        let int = |p: &str| {
+            let digits = !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+            digits
+                .then(|| p.parse::<u64>().ok())
+                .flatten()
+                .ok_or_else(bad)
+        };
+        match s.split(',').collect::<Vec<_>>()[..] {
+            [seed, step, tensor_id] => Ok(SrKey {
+                seed: int(seed)?,
+                step: int(step)?,
+                tensor_id: int(tensor_id)?,
+            }),
+            _ => Err(bad()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn text_form_round_trips_and_refuses_anything_else() {
+        let key: SrKey = "7,3,1".parse().unwrap();
+        assert_eq!(
+            key,
+            SrKey {
+                seed: 7,
+                step: 3,
+                tensor_id: 1
+            }
+        );
+        assert_eq!(key.to_string(), "7,3,1");
+        let max = format!("{0},{0},{0}", u64::MAX);
+        assert_eq!(max.parse::<SrKey>().unwrap().to_string(), max);
+        for bad in [
+            "",
+            "1,2",
+            "1,2,3,4",
+            "1,,3",
+            "1,2,",
+            "-1,2,3",
+            "+1,2,3",
+            " 1,2,3",
+            "1, 2,3",
+            "0x10,2,3",
+            "a,b,c",
+            "18446744073709551616,0,0",
+        ] {
+            let err = bad.parse::<SrKey>().unwrap_err().to_string();
+            assert!(
+                err.contains("SEED,STEP,TENSOR_ID") && err.contains(&format!("not `{bad}`")),
+                "{bad:?}: {err}"
+            );
+        }
+    }
 
     /// Known-answer vectors of Random123 (kat_vectors, philox4x32_10).
     #[test]
