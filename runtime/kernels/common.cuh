@@ -527,7 +527,11 @@ __device__ __forceinline__ void mx_encode_block(float* v, u32 byte, bool sr, con
             u32 r[4];
             sr_words(key, b * (MX_BLOCK / 4) + (u64)g, r);
 #pragma unroll
-            for (int q = 0; q < 4; ++q) c[4 * g + q] = encode_sr<F>(v[4 * g + q], r[q]);
+            for (int q = 0; q < 4; ++q) {
+                // The scale is not NaN, so no element is NaN.
+                const bool e2m1 = F::exp_bits == 2 && F::man_bits == 1;
+                c[4 * g + q] = e2m1 ? encode_sr_e2m1_finite(v[4 * g + q], r[q]) : encode_sr<F>(v[4 * g + q], r[q]);
+            }
         }
         pack_codes<F, MX_BLOCK>(c, w);
     } else {

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""The two-direction MX quantizer kernel (mx_tile.cu), run on the CPU through
+emu.hpp, against the CPU reference (`mxswitch quantize --format mxfp4 |
+mxfp8`), byte for byte.
+
+    python3 bench/kernel_emu/check_mx_tile.py [--mxswitch target/release/mxswitch]
+
+Builds mx_tile.cpp with the host C++ compiler (C++20, -ffp-contract=off),
+then for E2M1 and E4M3 elements, the four scale rules, 1x32 blocks and
+32x32 tiles, the Hadamard per direction, round to nearest even and
+stochastic rounding, f32 and BF16 input, over awkward shapes, compares each
+direction's codes, E8M0 scale bytes and BF16 GEMM operand
+(decode(code) * 2^(byte - 127)). Ends with "N passed, M failed" and exits 1
+on any failure. Only the standard library is needed.
+"""
+import argparse
+import array
+import os
+import subprocess
+import sys
+import tempfile
+
+from check_fp8_group import SHAPES, bits, read_st, to_bf16_bits, write_st
+from check_nvfp4 import E2M1, e4m3, f32, values
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..", "..")
+MODES = {"floor": 0, "ceil": 1, "even": 2, "rceil": 3}
+# (format, scale rule, tile2d, Hadamard on row blocks, on column blocks, stochastic rounding)
+CONFIGS = [("mxfp4", "even", 0, 0, 0, 0), ("mxfp4", "even", 0, 0, 1, 1), ("mxfp4", "floor", 1, 0, 0, 0),
+           ("mxfp4", "rceil", 0, 1, 1, 1), ("mxfp4", "ceil", 1, 0, 0, 1), ("mxfp8", "rceil", 0, 0, 0, 0),
+           ("mxfp8", "even", 0, 1, 0, 1), ("mxfp8", "floor", 1, 0, 0, 1)]
+SEED, STEP, IDS = 0xDEAD_BEEF_0042, 7, (10, 11)
+
+
+def bf16_bits(v):
+    """Round-to-nearest-even f32 -> BF16 bits of a finite f32 value."""
+    b = bits(v)
+    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
+
+
+def check_dir(tmp, d, rows, cols, fp4, cpu):
+    vr, ln = (rows, cols) if d == "c" else (cols, rows)
+    plen = (ln + 31) // 32 * 32
+    nb, cpr = plen // 32, plen // 2 if fp4 else plen  # blocks and code bytes per view row
+    codes = open(f"{tmp}/out.{d}.codes", "rb").read()
+    scales = open(f"{tmp}/out.{d}.scales", "rb").read()
+    deq = array.array("H", open(f"{tmp}/out.{d}.deq", "rb").read())
+    ccodes, cscales = cpu["x.codes"][1], cpu["x.scales"][1]
+    for r in range(vr):
+        for j in range(cpr):
+            want = ccodes[r * cpr + j] if d == "c" else ccodes[j * vr + r]
+            if codes[r * cpr + j] != want:
+                return [f"code byte [{r}, {j}]: {codes[r * cpr + j]:#x}, cpu {want:#x}"]
+        for k in range(nb):
+            s = cscales[r * nb + k] if d == "c" else cscales[k * vr + r]
+            if scales[r * nb + k] != s:
+                return [f"scale [{r}, {k}]: {scales[r * nb + k]:#x}, cpu {s:#x}"]
+            scale = 2.0 ** (s - 127)
+            for i in range(32):
+                e = 32 * k + i
+                c = (codes[r * cpr + e // 2] >> (4 * (e % 2))) & 0xF if fp4 else codes[r * cpr + e]
+                v = ((-1 if c & 8 else 1) * E2M1[c & 7]) if fp4 else e4m3(c)
+                want = bf16_bits(f32(v * scale))
+                if deq[r * plen + e] != want:
+                    return [f"deq [{r}, {e}]: {deq[r * plen + e]:#x}, want {want:#x}"]
+    return []
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mxswitch", default=os.path.join(ROOT, "target", "release", "mxswitch"))
+    ap.add_argument("--cxx", default=os.environ.get("CXX", "g++"))
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="kernel_emu_")
+    exe = os.path.join(tmp, "mx_tile")
+    subprocess.run([args.cxx, "-std=c++20", "-O2", "-ffp-contract=off", "-pthread", "-Wno-unknown-pragmas",
+                    "-o", exe, os.path.join(HERE, "mx_tile.cpp")], check=True)
+    passed = failed = 0
+    for si, (rows, cols) in enumerate(SHAPES):
+        for ci, (fmt, mode, tile2d, had_c, had_r, sr) in enumerate(CONFIGS):
+            dtype = ("f32", "bf16")[(si + ci) % 2]
+            x = values(rows, cols, 500 + si)
+            if dtype == "bf16":
+                raw, st_dtype = to_bf16_bits(x).tobytes(), "BF16"
+            else:
+                raw, st_dtype = x.tobytes(), "F32"
+            open(f"{tmp}/x.raw", "wb").write(raw)
+            write_st(f"{tmp}/x.st", raw, st_dtype, [rows, cols])
+            sr_arg = f"{SEED},{STEP},{IDS[0]},{IDS[1]}" if sr else "-"
+            elem = "e2m1" if fmt == "mxfp4" else "e4m3fn"
+            subprocess.run([exe, f"{tmp}/x.raw", dtype, str(rows), str(cols), elem, str(MODES[mode]), str(tile2d),
+                            str(had_c), str(had_r), sr_arg, f"{tmp}/out"], check=True)
+            bad = []
+            for d, axis, had, tid in [("c", "-1", had_c, IDS[0]), ("r", "0", had_r, IDS[1])]:
+                opts = ["--tile2d"] * tile2d + ["--hadamard"] * had + ["--sr", f"{SEED},{STEP},{tid}"] * sr
+                p = subprocess.run([args.mxswitch, "quantize", "--format", fmt, "--scale-mode", mode, "--axis", axis,
+                                    *opts, "--input", f"{tmp}/x.st", "--output", f"{tmp}/cpu.st"],
+                                   capture_output=True, text=True)
+                if p.returncode != 0:
+                    bad.append(f"mxswitch quantize failed: {p.stderr.strip()}")
+                    continue
+                bad += [f"{d}: {e}" for e in check_dir(tmp, d, rows, cols, fmt == "mxfp4", read_st(f"{tmp}/cpu.st"))]
+            label = f"{fmt} {mode} {dtype} [{rows}, {cols}] tile2d={tile2d} hadamard={had_c}{had_r} sr={sr}"
+            if bad:
+                failed += 1
+                print(f"FAIL {label}: " + "; ".join(bad[:5]))
+            else:
+                passed += 1
+            sys.stdout.flush()
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+// The two-direction MX quantizer kernel (mx_tile.cu) run on the CPU through
+// emu.hpp, launched as runtime/src/cuda/mx_tile.rs launches it.
+// check_mx_tile.py drives it.
+//
+//   mx_tile IN f32|bf16 ROWS COLS e2m1|e4m3fn MODE TILE2D HAD_ROWB HAD_COLB SR OUT_PREFIX
+//
+// IN holds ROWS * COLS raw little-endian values. MODE is the kernel's
+// ScaleMode (0 FLOOR, 1 CEIL, 2 EVEN, 3 RCEIL). Row blocks (32 elements of a
+// row, "c": along the columns) and column blocks ("r": along the rows) are
+// both written; HAD_ROWB and HAD_COLB ask for the Hadamard per direction. SR
+// is "-" or SEED,STEP,ID_C,ID_R. Writes OUT_PREFIX.D.{codes,scales,deq} for
+// D = c, r as the device buffers hold them; unwritten bytes keep a 0xA5 fill.
+#include "emu.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "../../runtime/kernels/common.cuh"
+#include "../../runtime/kernels/mx_tile.cu"
+
+static std::vector<unsigned char> read_file(const char* p) {
+    FILE* f = std::fopen(p, "rb");
+    if (!f) { std::perror(p); std::exit(2); }
+    std::vector<unsigned char> b;
+    unsigned char buf[1 << 16];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) b.insert(b.end(), buf, buf + n);
+    std::fclose(f);
+    return b;
+}
+
+static void write_file(const std::string& p, const void* d, size_t n) {
+    FILE* f = std::fopen(p.c_str(), "wb");
+    if (!f || std::fwrite(d, 1, n, f) != n) { std::perror(p.c_str()); std::exit(2); }
+    std::fclose(f);
+}
+
+int main(int argc, char** argv) {
+    if (argc != 12) {
+        std::fprintf(stderr, "usage: mx_tile IN f32|bf16 ROWS COLS e2m1|e4m3fn MODE TILE2D HAD_ROWB HAD_COLB SR OUT\n");
+        return 2;
+    }
+    const std::string dtype = argv[2], fmt = argv[5], sr = argv[10], prefix = argv[11];
+    const size_t rows = std::strtoul(argv[3], nullptr, 10), cols = std::strtoul(argv[4], nullptr, 10);
+    const int mode = std::atoi(argv[6]), tile2d = std::atoi(argv[7]);
+    const int had[2] = {std::atoi(argv[8]), std::atoi(argv[9])};
+    const bool bf16 = dtype == "bf16", fp4 = fmt == "e2m1";
+    const std::vector<unsigned char> x = read_file(argv[1]);
+    if (x.size() != rows * cols * (bf16 ? 2 : 4)) { std::fprintf(stderr, "input size\n"); return 2; }
+    unsigned long long seed = 0, step = 0, ids[2] = {0, 0};
+    if (sr != "-" && std::sscanf(sr.c_str(), "%llu,%llu,%llu,%llu", &seed, &step, &ids[0], &ids[1]) != 4) {
+        std::fprintf(stderr, "SR: SEED,STEP,ID_C,ID_R or -\n");
+        return 2;
+    }
+    // Direction 0: row blocks (view [rows, pc]); 1: column blocks (view [cols, pr]).
+    const size_t views[2][2] = {{rows, (cols + 31) / 32 * 32}, {cols, (rows + 31) / 32 * 32}};
+    std::vector<unsigned char> codes[2], scales[2];
+    std::vector<u16> deq[2];
+    MxDir md[2];
+    for (int k = 0; k < 2; ++k) {
+        const size_t n = views[k][0] * views[k][1];
+        codes[k].assign(fp4 ? n / 2 : n, 0xA5);
+        scales[k].assign(n / 32, 0xA5);
+        deq[k].assign(n, 0xA5A5);
+        md[k] = MxDir{codes[k].data(), scales[k].data(), deq[k].data(), had[k], sr != "-",
+                      MxSrKey{(u32)seed, (u32)(seed >> 32), (u32)step, (u32)ids[k]}};
+    }
+    const void* xp = x.data();
+    const u32 R = (u32)rows, C = (u32)cols;
+    const MxDir rd = md[0], cd = md[1];
+    if (rows * cols > 0) {
+        launch2d((unsigned)((cols + SLAB_COLS - 1) / SLAB_COLS), (unsigned)((rows + 31) / 32), 2 * MX_BLOCK * TILES,
+                 [=] {
+                     if (fp4 && bf16) mx_tile_e2m1_bf16(xp, R, C, rd, cd, mode, tile2d);
+                     else if (fp4) mx_tile_e2m1_f32(xp, R, C, rd, cd, mode, tile2d);
+                     else if (bf16) mx_tile_e4m3fn_bf16(xp, R, C, rd, cd, mode, tile2d);
+                     else mx_tile_e4m3fn_f32(xp, R, C, rd, cd, mode, tile2d);
+                 });
+    }
+    const char* names[2] = {"c", "r"};
+    for (int k = 0; k < 2; ++k) {
+        const std::string p = prefix + "." + names[k];
+        write_file(p + ".codes", codes[k].data(), codes[k].size());
+        write_file(p + ".scales", scales[k].data(), scales[k].size());
+        write_file(p + ".deq", deq[k].data(), 2 * deq[k].size());
+    }
+    return 0;
+}
