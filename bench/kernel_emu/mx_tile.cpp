@@ -1,5 +1,6 @@
 // The two-direction MX quantizer kernel (mx_tile.cu) run on the CPU through
-// emu.hpp, launched as runtime/src/cuda/mx_tile.rs launches it.
+// emu.hpp, launched as runtime/src/cuda/mx_tile.rs launches it, and the
+// BF16 GEMM operand dequantize_mx_operand (quantize_mx.cu) of its codes.
 // check_mx_tile.py drives it.
 //
 //   mx_tile IN f32|bf16 ROWS COLS e2m1|e4m3fn MODE TILE2D HAD_ROWB HAD_COLB SR OUT_PREFIX
@@ -9,7 +10,9 @@
 // row, "c": along the columns) and column blocks ("r": along the rows) are
 // both written; HAD_ROWB and HAD_COLB ask for the Hadamard per direction. SR
 // is "-" or SEED,STEP,ID_C,ID_R. Writes OUT_PREFIX.D.{codes,scales,deq} for
-// D = c, r as the device buffers hold them; unwritten bytes keep a 0xA5 fill.
+// D = c, r as the device buffers hold them, and OUT_PREFIX.D.deq2, the
+// operand that dequantize_mx_operand makes of the codes and scales;
+// unwritten bytes keep a 0xA5 fill.
 #include "emu.hpp"
 
 #include <cstdio>
@@ -18,6 +21,7 @@
 
 #include "../../runtime/kernels/common.cuh"
 #include "../../runtime/kernels/mx_tile.cu"
+#include "../../runtime/kernels/quantize_mx.cu"
 
 static std::vector<unsigned char> read_file(const char* p) {
     FILE* f = std::fopen(p, "rb");
@@ -80,7 +84,18 @@ int main(int argc, char** argv) {
     }
     const char* names[2] = {"c", "r"};
     for (int k = 0; k < 2; ++k) {
+        std::vector<u16> deq2(deq[k].size(), 0xA5A5);
+        const unsigned long long octets = deq2.size() / 8;
+        const unsigned char *cp = codes[k].data(), *sp = scales[k].data();
+        u16* dp = deq2.data();
+        if (octets > 0) {
+            launch((unsigned)((octets + QTHREADS - 1) / QTHREADS), QTHREADS, [=] {
+                if (fp4) dequantize_mx_operand_e2m1(cp, sp, dp, octets);
+                else dequantize_mx_operand_e4m3fn(cp, sp, dp, octets);
+            });
+        }
         const std::string p = prefix + "." + names[k];
+        write_file(p + ".deq2", deq2.data(), 2 * deq2.size());
         write_file(p + ".codes", codes[k].data(), codes[k].size());
         write_file(p + ".scales", scales[k].data(), scales[k].size());
         write_file(p + ".deq", deq[k].data(), 2 * deq[k].size());

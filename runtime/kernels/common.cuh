@@ -165,6 +165,12 @@ __device__ __forceinline__ u32 encode_sr(float x, u32 r) {
 // Exact value of a code (formats.rs, decode).
 template <class F>
 __device__ __forceinline__ float decode(u32 code) {
+    if (F::exp_bits == 2 && F::man_bits == 1) {
+        // E2M1 without branches: the magnitude bits e m placed at bit 22
+        // are the f32 2^(e - 127) (1 + m / 2), or 2^-127 for e = 0, m = 1,
+        // which is the code's value times 2^-126; the sign bit goes to 31.
+        return u2f(((code & 0x7u) << 22) | ((code & 0x8u) << 28)) * 0x1p126f;
+    }
     const int nbits = 1 + F::exp_bits + F::man_bits;
     code &= (1u << nbits) - 1u;
     const u32 sign = code >> (nbits - 1);
@@ -252,6 +258,25 @@ __device__ __forceinline__ u16 bf16_from_f32(float x) {
     const u32 b = f2u(x);
     if (is_nan_bits(b)) return (u16)((b >> 16) | 0x40u);
     return (u16)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+
+// Whether every decode(code) * scale of format F is a BF16 value as it
+// stands (so its top half is its BF16 rounding): the MX scale byte is not NaN
+// and lifts F's smallest step, 2^(1 - bias - man_bits), to an f32 normal
+// (2^-126), so the products are normal or infinite with at most man_bits + 1
+// significant bits.
+template <class F>
+__device__ __forceinline__ bool mx_products_are_bf16(u32 byte) {
+    return byte >= (u32)(F::bias + F::man_bits) && byte != 0xFFu;
+}
+
+// BF16 decode(c0) * s and decode(c1) * s in one word, c0 in the low half;
+// `exact` as mx_products_are_bf16.
+template <class F>
+__device__ __forceinline__ u32 bf16_pair_scaled(u32 c0, u32 c1, float s, bool exact) {
+    const float a = decode<F>(c0) * s, b = decode<F>(c1) * s;
+    if (exact) return (f2u(a) >> 16) | (f2u(b) & 0xFFFF0000u);
+    return (u32)bf16_from_f32(a) | ((u32)bf16_from_f32(b) << 16);
 }
 
 // ---------------------------------------------------------------------------

@@ -46,12 +46,13 @@ __device__ __forceinline__ void store_block(const MxDir& d, const u32* w, u32 by
     if (d.codes) mx_store_codes<F>(d.codes, b, w);
     if (d.deq) {
         const float s = e8m0_decode(byte);
+        const bool exact = mx_products_are_bf16<F>(byte);
         u32 h[MX_BLOCK / 2];
 #pragma unroll
         for (int i = 0; i < MX_BLOCK; i += 2) {
             const u32 c0 = (w[i * W / 32] >> ((i * W) % 32)) & ((1u << W) - 1u);
             const u32 c1 = (w[(i + 1) * W / 32] >> (((i + 1) * W) % 32)) & ((1u << W) - 1u);
-            h[i / 2] = (u32)bf16_from_f32(decode<F>(c0) * s) | ((u32)bf16_from_f32(decode<F>(c1) * s) << 16);
+            h[i / 2] = bf16_pair_scaled<F>(c0, c1, s, exact);
         }
         Vec16* out = (Vec16*)(d.deq + row * plen + (u64)kb * MX_BLOCK);
 #pragma unroll

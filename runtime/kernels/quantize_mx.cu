@@ -189,6 +189,38 @@ __device__ __forceinline__ void dequantize_mx_rows(const u8* codes, const u8* sc
     }
 }
 
+// The BF16 GEMM operand (MxTensor::dequantize_rows, padding included):
+// bf16(decode(code) * 2^(byte - 127)) for each of `octets` runs of 8
+// elements, one a thread, so that consecutive threads store consecutive 16
+// bytes (dequantize_mx_rows stages blocks for its general layouts and stores
+// 2 bytes at a time).
+template <class F>
+__device__ __forceinline__ void dequantize_mx_operand(const u8* __restrict__ codes, const u8* __restrict__ scales,
+                                                      u16* __restrict__ deq, u64 octets) {
+    const u64 h = (u64)blockIdx.x * QTHREADS + threadIdx.x;
+    if (h >= octets) return;
+    const u32 byte = scales[h / (MX_BLOCK / 8)];
+    const float s = e8m0_decode(byte);
+    const bool exact = mx_products_are_bf16<F>(byte);
+    u32 c[8];
+    if (F::exp_bits + F::man_bits == 3) {
+        const u32 w = ((const u32*)codes)[h];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) c[i] = (w >> (4 * i)) & 0xFu;
+    } else {
+        const u32 w0 = ((const u32*)codes)[2 * h], w1 = ((const u32*)codes)[2 * h + 1];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            c[i] = (w0 >> (8 * i)) & 0xFFu;
+            c[4 + i] = (w1 >> (8 * i)) & 0xFFu;
+        }
+    }
+    Vec16 o;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) o.w[j] = bf16_pair_scaled<F>(c[2 * j], c[2 * j + 1], s, exact);
+    ((Vec16*)deq)[h] = o;
+}
+
 // The quantizer of one element format and input type: full and PLAIN.
 #define MX_QUANTIZE_KERNELS(SUFFIX, FMT, IN)                                                            \
     extern "C" __global__ void __launch_bounds__(QUANT_THREADS) quantize_mx_##SUFFIX(                  \
@@ -216,6 +248,10 @@ __device__ __forceinline__ void dequantize_mx_rows(const u8* codes, const u8* sc
         u32 out_len, u32 out_stride, int unrotate) {                                                 \
         dequantize_mx_rows<FMT>(codes, scales, out_f32, out_bf16, rows, nb, out_len, out_stride,     \
                                 unrotate);                                                           \
+    }                                                                                                \
+    extern "C" __global__ void __launch_bounds__(QTHREADS) dequantize_mx_operand_##SUFFIX(           \
+        const u8* codes, const u8* scales, u16* deq, u64 octets) {                                   \
+        dequantize_mx_operand<FMT>(codes, scales, deq, octets);                                      \
     }
 
 MX_KERNELS(e2m1, E2M1)

@@ -86,14 +86,8 @@ __device__ __forceinline__ u32 nv_scale_byte(float a, float t) {
 }
 
 // decode(c) * s_q of E2M1 code c as f32 bits, exact in BF16 (a 2-bit by a
-// 4-bit significand). The magnitude bits e m placed at bit 22 are the f32
-// 2^(e - 127) * (1 + m / 2), or 2^-127 for e = 0, m = 1, which is the code's
-// value times 2^-126; the sign goes on before the product, so a NaN s_q
-// gives decode's NaN bits.
-__device__ __forceinline__ u32 nv_deq_bits(u32 c, float sq) {
-    const float v = u2f(((c & 0x7u) << 22) | ((c & 0x8u) << 28)) * 0x1p126f;
-    return f2u(v * sq);
-}
+// 4-bit significand); a NaN s_q gives NaN.
+__device__ __forceinline__ u32 nv_deq_bits(u32 c, float sq) { return f2u(decode<E2M1>(c) * sq); }
 
 // Eight BF16 values decode(code) * s_q from one word of codes (half a block):
 // the exact products' top halves.

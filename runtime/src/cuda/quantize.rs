@@ -250,6 +250,8 @@ struct MxKernels {
     quantize_plain: &'static str,
     tile_scales: &'static str,
     dequantize: &'static str,
+    /// The BF16 GEMM operand ([`DequantLayout::Rows`]), 16 bytes a thread.
+    dequantize_operand: &'static str,
 }
 
 fn mx_kernels(elem: ElemFormat, dtype: DType) -> Result<MxKernels> {
@@ -260,6 +262,7 @@ fn mx_kernels(elem: ElemFormat, dtype: DType) -> Result<MxKernels> {
                 quantize_plain: by_input!(dtype, "quantize_mx_plain_", $fmt),
                 tile_scales: concat!("mx_tile_scales_", $fmt),
                 dequantize: concat!("dequantize_mx_", $fmt),
+                dequantize_operand: concat!("dequantize_mx_operand_", $fmt),
             }
         };
     }
@@ -474,6 +477,23 @@ impl CudaContext {
             return Ok(out);
         }
         let (cp, sp) = (q.codes.ptr(), q.scales.ptr());
+        if layout == DequantLayout::Rows && dtype == DType::BF16 {
+            // One thread per 8 elements: nblocks * 4 of them.
+            let octets = (nblocks * (BLOCK / 8)) as u64;
+            let op = out.ptr();
+            // As dequantize_mx_operand_*: codes and scales of nblocks blocks, out nblocks * 32 BF16.
+            launch_kernel!(
+                self,
+                &QUANTIZE_MX,
+                names.dequantize_operand,
+                grid(octets, MX_THREADS as u64, MX_THREADS)?,
+                &cp,
+                &sp,
+                &op,
+                &octets
+            )?;
+            return Ok(out);
+        }
         let rows32 = to_u32(q.rows, "rows")?;
         let nb32 = to_u32(q.padded_len / BLOCK, "blocks per row")?;
         let out_len32 = to_u32(out_len, "row length")?;
