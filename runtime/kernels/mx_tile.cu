@@ -80,11 +80,13 @@ __device__ __forceinline__ void mx_tile(const void* x, u32 rows, u32 cols, const
     // A copy, field by field: a reference chosen at run time would put both
     // parameter structs in local memory.
     const MxDir d = by_row ? rd : cd;
+    // The block's 32 values: along slab row `lane` or down column `lane` of
+    // tile t (one address step per value, whichever the direction).
+    const u32 at = by_row ? lane * SLAB_STRIDE + t * MX_BLOCK : t * MX_BLOCK + lane;
+    const u32 step = by_row ? 1u : SLAB_STRIDE;
     float v[MX_BLOCK];
 #pragma unroll
-    for (int i = 0; i < MX_BLOCK; ++i) {
-        v[i] = by_row ? slab[lane * SLAB_STRIDE + t * MX_BLOCK + i] : slab[i * SLAB_STRIDE + t * MX_BLOCK + lane];
-    }
+    for (int i = 0; i < MX_BLOCK; ++i) v[i] = slab[at + i * step];
     if (d.hadamard) {
         hadamard16(v);
         hadamard16(v + 16);
