@@ -6,10 +6,13 @@
 # and flux-small (eager only: its targets are against eager).
 #
 #   bash bench/device_issue14.sh gpu/new     # the folder with mxswitch and gpu_check
+#   SKIP_GPU_CHECK=1 bash bench/device_issue14.sh gpu/new   # gpu_check already ran (device_issue18.sh)
 set -u
 B=${1:?usage: bench/device_issue14.sh BIN_DIR}
 . "$(dirname "$0")/device_env.sh"
-"$B/gpu_check" > "$OUT/gpu_check.log" 2>&1; grep -E "^FAIL" "$OUT/gpu_check.log" | head; tail -1 "$OUT/gpu_check.log"
+if [ -z "${SKIP_GPU_CHECK:-}" ]; then
+  "$B/gpu_check" > "$OUT/gpu_check.log" 2>&1; grep -E "^FAIL" "$OUT/gpu_check.log" | head; tail -1 "$OUT/gpu_check.log"
+fi
 for at in 1 100; do
   MXSWITCH_PROFILE=host "$B/mxswitch" train --config flux-wide --device cuda --iters 8 --switch-at $at \
     --out /tmp/host_$at --overwrite > "$OUT/host_flux-wide_$at.log" 2>&1
