@@ -9,7 +9,8 @@ for f32 and BF16 input, 1x16 blocks and 16x16 tiles, the Hadamard on
 neither, either or both directions, round to nearest even and stochastic
 rounding, and both amax passes (nvfp4_amax and the tile kernel's), over
 awkward shapes and values, compares each direction's codes, scale bytes,
-BF16 GEMM operand (decode(code) * s_q), tensor amax and tensor scale t.
+BF16 GEMM operand (decode(code) * s_q), tensor amax and tensor scale t,
+and the partial column sums nvfp4_amax takes (bit for bit, in its order).
 Ends with "N passed, M failed" and exits 1 on any failure. Only the
 standard library is needed.
 """
@@ -88,6 +89,24 @@ def tensor_amax(xs, rows, cols, d, hadamard):
     return hadamard_amax(groups)
 
 
+def partial_sums(xs, rows, cols):
+    """nvfp4_amax's partial column sums: per 128 rows, the sum over its 8
+    warps (in order) of each warp's sum of 16 rows (in order), each from +0
+    in f32, rows past the matrix adding +0."""
+    out = []
+    for cta in range((rows + 127) // 128):
+        for c in range(cols):
+            acc = 0.0
+            for w in range(8):
+                s = 0.0
+                for i in range(16):
+                    r = 128 * cta + 16 * w + i
+                    s = f32(s + (xs[r * cols + c] if r < rows else 0.0))
+                acc = f32(acc + s)
+            out.append(acc)
+    return out
+
+
 def check_dir(tmp, d, rows, cols, xs, hadamard, cpu):
     vr, ln = (rows, cols) if d == "c" else (cols, rows)
     nb = (ln + 15) // 16
@@ -164,6 +183,14 @@ def main():
                 bad.append(f"mxswitch quantize failed: {p.stderr.strip()}")
                 continue
             bad += [f"{d}: {e}" for e in check_dir(tmp, d, rows, cols, xs, had, read_st(f"{tmp}/cpu.st"))]
+        got = array.array("f", open(f"{tmp}/out.sums", "rb").read())
+        if amax == "auto" and not (had_c and dirs != "r"):
+            want = partial_sums(xs, rows, cols)
+            diff = next((i for i in range(len(want)) if bits(got[i]) != bits(want[i])), None)
+            if len(got) != len(want) or diff is not None:
+                bad.append(f"column sums: {len(got)} values, first difference at {diff}")
+        elif len(got):
+            bad.append("column sums written by the tile kernel's amax pass")
         label = (f"{dtype} [{rows}, {cols}] {dirs} tile2d={tile2d} hadamard={had_c}{had_r} "
                  f"sr={sr} amax={amax}{' tiny' if si < 0 else ''}")
         if bad:

@@ -10,7 +10,9 @@
 // directions rounded stochastically, each with its tensor id. AMAX is
 // "auto" (the host's choice of amax pass) or "tile" (nvfp4_tile's
 // PHASE_AMAX, whatever the Hadamard). Writes, per wanted direction D,
-// OUT_PREFIX.D.{codes,scales,deq,state} as the device buffers hold them.
+// OUT_PREFIX.D.{codes,scales,deq,state} as the device buffers hold them, and
+// OUT_PREFIX.sums, the partial column sums nvfp4_amax takes (one row per 128
+// input rows; empty when the amax pass is the tile kernel's).
 // Unwritten bytes keep a 0xA5 fill (the state starts zeroed, as the host's).
 #include "emu.hpp"
 
@@ -78,6 +80,7 @@ int main(int argc, char** argv) {
     const void* xp = x.data();
     const u32 R = (u32)rows, C = (u32)cols;
     const NvDir cd = nd[0], rd = nd[1];
+    std::vector<u32> sums;  // the amax pass's partial column sums, when it is nvfp4_amax
     if (rows * cols > 0) {
         const unsigned gx = (unsigned)((cols + NV_SLAB - 1) / NV_SLAB), gy = (unsigned)((rows + NV_SLAB - 1) / NV_SLAB);
         auto tile = [&](int phase) {
@@ -90,9 +93,11 @@ int main(int argc, char** argv) {
             tile(NV_PHASE_AMAX);
         } else {
             const size_t vec_cols = 32 * (bf16 ? 8 : 4);
+            sums.assign((rows + 127) / 128 * cols, 0xA5A5A5A5u);
+            float* sp = (float*)sums.data();
             launch2d((unsigned)((cols + vec_cols - 1) / vec_cols), (unsigned)((rows + 127) / 128), NV_THREADS, [=] {
-                if (bf16) nvfp4_amax_bf16(xp, R, C, cd, rd);
-                else nvfp4_amax_f32(xp, R, C, cd, rd);
+                if (bf16) nvfp4_amax_bf16(xp, R, C, cd, rd, sp);
+                else nvfp4_amax_f32(xp, R, C, cd, rd, sp);
             });
         }
         tile(NV_PHASE_QUANTIZE);
@@ -106,5 +111,6 @@ int main(int argc, char** argv) {
         write_file(p + ".deq", o[k].deq.data(), 2 * o[k].deq.size());
         write_file(p + ".state", o[k].state.data(), 4 * o[k].state.size());
     }
+    write_file(prefix + ".sums", sums.data(), 4 * sums.size());
     return 0;
 }

@@ -281,11 +281,18 @@ __device__ __forceinline__ void nvfp4_tile(const void* __restrict__ x, u32 rows,
 // columns' 16 rows: the blocks of the direction along the rows (zero past
 // the matrix, as the padded view). One shared then one global atomicMax per
 // CTA and direction, into a state the host zeroed.
+//
+// With `sums` (not null) it also takes the f32 column sums of x (the bias
+// gradient of dy) on the same read: each thread sums its 16 rows in order,
+// the CTA adds its warps' sums in warp order, and sums[blockIdx.y * cols + c]
+// gets column c's sum over the CTA's 128 rows; lin_colsum_final adds those
+// in order. Zero rows past the matrix add +0.
 #define NVA_WARPS (NV_THREADS / 32)
 template <class In>
 __device__ __forceinline__ void nvfp4_amax(const void* __restrict__ x, u32 rows, u32 cols, const NvDir& cd,
-                                           const NvDir& rd) {
+                                           const NvDir& rd, float* __restrict__ sums) {
     __shared__ u32 cta_amax[2];
+    __shared__ float warp_sums[NVA_WARPS][32 * InBF16::VEC];
     if (threadIdx.x < 2) cta_amax[threadIdx.x] = 0u;
     const u32 c0 = (blockIdx.x * 32 + threadIdx.x % 32) * In::VEC;
     const u32 r0 = (blockIdx.y * NVA_WARPS + threadIdx.x / 32) * NV_BLOCK;
@@ -308,6 +315,12 @@ __device__ __forceinline__ void nvfp4_amax(const void* __restrict__ x, u32 rows,
 #pragma unroll
         for (int i = 0; i < NV_BLOCK; ++i) g[i] = In::elem(q[i], k);
         plain = max(plain, amax_bits<NV_BLOCK>(g));
+        if (sums) {
+            float s = 0.0f;
+#pragma unroll
+            for (int i = 0; i < NV_BLOCK; ++i) s += g[i];
+            warp_sums[threadIdx.x / 32][threadIdx.x % 32 * In::VEC + k] = s;
+        }
         if (rd.hadamard) {
             hadamard16_sums(g);
             rotated = max(rotated, amax_bits<NV_BLOCK>(g));
@@ -316,6 +329,13 @@ __device__ __forceinline__ void nvfp4_amax(const void* __restrict__ x, u32 rows,
     __syncthreads();
     atomicMax(&cta_amax[0], plain);
     if (rd.hadamard) atomicMax(&cta_amax[1], rotated);
+    const u32 c = blockIdx.x * 32 * In::VEC + threadIdx.x;
+    if (sums && threadIdx.x < 32 * In::VEC && c < cols) {
+        float s = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NVA_WARPS; ++w) s += warp_sums[w][threadIdx.x];
+        sums[(u64)blockIdx.y * cols + c] = s;
+    }
     __syncthreads();
     if (threadIdx.x == 0 && cd.state) atomicMax(&cd.state[NV_AMAX], cta_amax[0]);
     if (threadIdx.x == 1 && rd.state) {
@@ -346,8 +366,8 @@ NVFP4_TILE_KERNEL(bf16, InBF16)
 
 #define NVFP4_AMAX_KERNEL(SUFFIX, IN)                                                                   \
     extern "C" __global__ void __launch_bounds__(NV_THREADS) nvfp4_amax_##SUFFIX(                        \
-        const void* x, u32 rows, u32 cols, NvDir cd, NvDir rd) {                                        \
-        nvfp4_amax<IN>(x, rows, cols, cd, rd);                                                          \
+        const void* x, u32 rows, u32 cols, NvDir cd, NvDir rd, float* sums) {                           \
+        nvfp4_amax<IN>(x, rows, cols, cd, rd, sums);                                                    \
     }
 
 NVFP4_AMAX_KERNEL(f32, InF32)

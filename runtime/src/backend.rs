@@ -207,18 +207,24 @@ pub struct Request<'r> {
     pub now: &'r [Want],
     /// The copy saved for the backward pass, if any.
     pub keep: Option<Want>,
+    /// Also the f32 sums of the matrix's columns (dy's, the bias gradient),
+    /// taken on a pass over the input where a kernel can, else as
+    /// [`LinearBackend::column_sums`] takes them.
+    pub column_sums: bool,
     /// Builds the tensor's name for error messages; called only on error.
     pub label: &'r dyn Fn() -> String,
 }
 
 /// The answer to a [`Request`]: one operand per entry of `now`, in order,
-/// and the kept copy.
+/// the kept copy and the column sums.
 pub struct Quantized<'a, B: LinearBackend> {
     /// One operand per [`Request::now`] entry, in the same order.
     pub now: Vec<B::Operand<'a>>,
     /// The copy asked for by [`Request::keep`]; owns its data so it can outlive
     /// the input until the backward pass.
     pub keep: Option<B::Operand<'static>>,
+    /// `[cols]` f32, when [`Request::column_sums`] asked for them.
+    pub column_sums: Option<B>,
 }
 
 /// A storage packed from element 0: its own buffer when the view already is,

@@ -253,6 +253,7 @@ impl LinearBackend for CpuStorage {
             cols,
             now,
             keep,
+            column_sums,
             label,
         } = *req;
         let layout = Layout::contiguous(Shape::new(vec![rows, cols]));
@@ -281,6 +282,9 @@ impl LinearBackend for CpuStorage {
         Ok(Quantized {
             now: ops.into_iter().map(CpuOperand::Values).collect(),
             keep: kept,
+            column_sums: column_sums
+                .then(|| self.column_sums(rows, cols))
+                .transpose()?,
         })
     }
 

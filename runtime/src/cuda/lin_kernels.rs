@@ -255,13 +255,12 @@ impl CudaContext {
         const CHUNK_ROWS: usize = 64;
         /// Columns per thread of `lin_colsum_partial` (COLSUM_VEC).
         const VEC: usize = 8;
-        let out = self.alloc_zeroed(cols * 4)?;
         if rows == 0 || cols == 0 {
-            return Ok(out);
+            return self.alloc_zeroed(cols * 4);
         }
         let chunks = rows.div_ceil(CHUNK_ROWS);
         let partial = self.alloc(chunks * cols * 4)?;
-        let (xp, pp, op) = (x.ptr(), partial.ptr(), out.ptr());
+        let (xp, pp) = (x.ptr(), partial.ptr());
         let (r, c, ch, cr) = (
             u32_of(rows, "rows")?,
             u32_of(cols, "cols")?,
@@ -269,27 +268,23 @@ impl CudaContext {
             CHUNK_ROWS as u32,
         );
         let ik = inp as i32;
-        let (gx, gx_final) = (
-            u32_of(cols.div_ceil(256 * VEC), "CTAs")?,
-            u32_of(cols.div_ceil(256), "CTAs")?,
-        );
         let vec = u32::from(matches!(inp, In::F32 | In::Bf16) && cols % VEC == 0);
         if chunks > 65535 {
             return Err(CudaError::Invalid(format!(
                 "lin_colsum: {rows} rows exceed the grid limit"
             )));
         }
-        let ctas = |gx, gy| LaunchConfig {
-            grid_dim: (gx, gy, 1),
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of(cols.div_ceil(256 * VEC), "CTAs")?, ch, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        // `partial` holds chunks x cols f32, `out` cols f32.
+        // `partial` holds chunks x cols f32.
         launch_kernel!(
             self,
             &LINEAR_OPS,
             "lin_colsum_partial",
-            ctas(gx, ch),
+            cfg,
             &xp,
             &ik,
             &pp,
@@ -298,11 +293,32 @@ impl CudaContext {
             &cr,
             &vec
         )?;
+        self.lin_colsum_final(&partial, chunks, cols)
+    }
+
+    /// `[cols]` f32: the sum over `chunks` of `partial[chunk][c]`, in chunk
+    /// order. The second pass of [`Self::lin_colsum`] and of the column
+    /// sums that the NVFP4 amax pass takes.
+    pub(super) fn lin_colsum_final(
+        &self,
+        partial: &DevBuf,
+        chunks: usize,
+        cols: usize,
+    ) -> Result<DevBuf> {
+        let out = self.alloc(cols * 4)?;
+        let (pp, op) = (partial.ptr(), out.ptr());
+        let (ch, c) = (u32_of(chunks, "chunks")?, u32_of(cols, "cols")?);
+        let cfg = LaunchConfig {
+            grid_dim: (u32_of(cols.div_ceil(256), "CTAs")?, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // `partial` holds chunks x cols f32, `out` cols f32.
         launch_kernel!(
             self,
             &LINEAR_OPS,
             "lin_colsum_final",
-            ctas(gx_final, 1),
+            cfg,
             &pp,
             &op,
             &ch,

@@ -176,7 +176,7 @@ impl CudaContext {
     ) -> Result<Nvfp4Device> {
         let mut dirs = [None, None];
         dirs[along_index(along)] = Some((*cfg, outputs));
-        let [c, r] = self.quantize_nvfp4_2d(x, dims, dirs)?;
+        let ([c, r], _) = self.quantize_nvfp4_2d(x, dims, dirs, false)?;
         c.or(r)
             .ok_or_else(|| CudaError::Invalid("nvfp4_tile wrote no output".into()))
     }
@@ -191,12 +191,18 @@ impl CudaContext {
     /// in the input (or a Hadamard sum that overflows) leaves a non-finite
     /// amax at [`Nvfp4Device::amax_ptr`] for the caller's deferred check,
     /// and the outputs are then undefined.
+    ///
+    /// With `column_sums`, the amax pass also takes the f32 column sums of x
+    /// (`[cols]`, returned second) on its read, unless the direction along
+    /// the columns has the Hadamard or x is empty: then the second value is
+    /// None and the caller sums another way.
     pub fn quantize_nvfp4_2d(
         &self,
         (x, dtype): (&DevBuf, DType),
         (rows, cols): (usize, usize),
         dirs: [Option<(Nvfp4Config, Nvfp4Outputs)>; 2],
-    ) -> Result<[Option<Nvfp4Device>; 2]> {
+        column_sums: bool,
+    ) -> Result<([Option<Nvfp4Device>; 2], Option<DevBuf>)> {
         let size = input_size(dtype)?;
         check_holds(
             x,
@@ -245,7 +251,7 @@ impl CudaContext {
         };
         let out = [make(0)?, make(1)?];
         if empty || out.iter().all(Option::is_none) {
-            return Ok(out);
+            return Ok((out, None));
         }
         let dir = |q: &Option<Nvfp4Device>| {
             let ptr = |b: &Option<DevBuf>| b.as_ref().map_or(0, DevBuf::ptr);
@@ -281,6 +287,7 @@ impl CudaContext {
         let tile2d = tile2d as i32;
         // The amax pass: nvfp4_amax_* unless the direction along the columns
         // has the Hadamard (then the tile kernel's PHASE_AMAX).
+        let mut sums = None;
         let phases = if cd.hadamard == 0 {
             let vec_cols = 32 * (16 / size);
             let acfg = LaunchConfig {
@@ -298,7 +305,13 @@ impl CudaContext {
                 )));
             }
             let aname = by_dtype(dtype, "nvfp4_amax_f32", "nvfp4_amax_bf16");
-            // Both states were zeroed above.
+            // One row of partial sums per CTA row (AMAX_ROWS rows of x).
+            let chunks = acfg.grid_dim.1 as usize;
+            let partial = column_sums
+                .then(|| self.alloc(chunks * cols * 4))
+                .transpose()?;
+            let pp = partial.as_ref().map_or(0, DevBuf::ptr);
+            // Both states were zeroed above; `partial`, if any, holds chunks x cols f32.
             launch_kernel!(
                 self,
                 &QUANTIZE_NVFP4,
@@ -308,8 +321,12 @@ impl CudaContext {
                 &r32,
                 &c32,
                 &cd,
-                &rd
+                &rd,
+                &pp
             )?;
+            sums = partial
+                .map(|p| self.lin_colsum_final(&p, chunks, cols))
+                .transpose()?;
             &[Phase::Quantize][..]
         } else {
             &[Phase::Amax, Phase::Quantize][..]
@@ -331,7 +348,7 @@ impl CudaContext {
                 &phase
             )?;
         }
-        Ok(out)
+        Ok((out, sums))
     }
 
     /// The BF16 GEMM operand decode(code) * s_q, `[rows, padded_len]`, of

@@ -473,17 +473,7 @@ impl LinearBackend for CudaStorage {
     }
 
     fn column_sums(&self, rows: usize, cols: usize) -> Result<CudaStorage> {
-        let ctx = self.device().context();
-        let inp = act_in(self.dtype()).map_err(backend_err)?;
-        let s = ctx
-            .lin_colsum(self.buffer(), inp, rows, cols)
-            .map_err(backend_err)?;
-        Ok(CudaStorage::from_buffer(
-            s,
-            DType::F32,
-            cols,
-            self.device().clone(),
-        ))
+        self.lin_column_sums(rows, cols).map_err(backend_err)
     }
 
     fn operand_bytes(op: &CudaOperand<'_>) -> usize {

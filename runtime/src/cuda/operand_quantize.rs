@@ -314,18 +314,20 @@ impl CudaStorage {
 
     /// One `quantize_nvfp4_2d` pass: both directions from one read, each
     /// copy's amax check deferred, named as the CPU names it (without the
-    /// block).
+    /// block); with `column_sums`, the column sums when its amax pass could
+    /// take them.
     fn quantize_nvfp4(
         &self,
         (rows, cols): (usize, usize),
-        pass: Nvfp4Pass,
+        (pass, column_sums): (Nvfp4Pass, bool),
         label: &dyn Fn() -> String,
         out: &mut Slots<'_>,
-    ) -> super::Result<()> {
+    ) -> super::Result<Option<CudaStorage>> {
         let ctx = self.device().context();
         let x = (self.buffer(), self.dtype());
         let want = |d: &Option<Nvfp4Dir>| d.as_ref().map(|d| (d.cfg, d.outputs));
-        let qs = ctx.quantize_nvfp4_2d(x, (rows, cols), [want(&pass[0]), want(&pass[1])])?;
+        let dirs = [want(&pass[0]), want(&pass[1])];
+        let (qs, sums) = ctx.quantize_nvfp4_2d(x, (rows, cols), dirs, column_sums)?;
         let mut done: Vec<_> = pass.into_iter().zip(qs).collect();
         // The kept copy's check first, as the CPU quantizes it first.
         done.sort_by_key(|(d, _)| !d.as_ref().is_some_and(|d| d.outputs.codes));
@@ -354,7 +356,17 @@ impl CudaStorage {
                 );
             }
         }
-        Ok(())
+        let storage = |s| CudaStorage::from_buffer(s, DType::F32, cols, self.device().clone());
+        Ok(sums.map(storage))
+    }
+
+    /// The f32 column sums of the packed `[rows, cols]` matrix in `self`, a
+    /// pass of their own (`lin_colsum`).
+    pub(super) fn lin_column_sums(&self, rows: usize, cols: usize) -> super::Result<CudaStorage> {
+        let ctx = self.device().context();
+        let s = ctx.lin_colsum(self.buffer(), act_in(self.dtype())?, rows, cols)?;
+        let device = self.device().clone();
+        Ok(CudaStorage::from_buffer(s, DType::F32, cols, device))
     }
 
     /// Serves every entry of `req`.
@@ -415,9 +427,17 @@ impl CudaStorage {
         }
         // The kept copy's pass first, as the CPU quantizes it first, so that
         // a non-finite input is reported for the same copy.
+        // The column sums come with the first NVFP4 pass that can take
+        // them on its read, else from a pass of their own.
         let keep = |r: &(usize, Nvfp4Config, Along)| out.is_keep(r.0);
+        let mut column_sums = None;
         for pass in nvfp4_passes(&nvfp4, keep) {
-            self.quantize_nvfp4(dims, pass, req.label, &mut out)?;
+            let want_sums = req.column_sums && column_sums.is_none();
+            let sums = self.quantize_nvfp4(dims, (pass, want_sums), req.label, &mut out)?;
+            column_sums = column_sums.or(sums);
+        }
+        if req.column_sums && column_sums.is_none() {
+            column_sums = Some(self.lin_column_sums(req.rows, req.cols)?);
         }
         let now: Vec<CudaOperand<'a>> = out.now.into_iter().flatten().collect();
         if now.len() != req.now.len() || out.keep.is_some() != req.keep.is_some() {
@@ -428,6 +448,7 @@ impl CudaStorage {
         Ok(Quantized {
             now,
             keep: out.keep,
+            column_sums,
         })
     }
 }

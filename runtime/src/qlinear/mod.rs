@@ -194,13 +194,12 @@ fn not_as_asked() -> Error {
     Error::Backend("the backend returned other operands than asked for".into())
 }
 
-/// Asks `t` (a packed `[rows, cols]` matrix) for its copies and checks
-/// that the backend served each.
+/// Asks `t` (a packed `[rows, cols]` matrix) for its copies (and, with
+/// `column_sums`, its column sums) and checks that the backend served each.
 fn quantize<'a, B: LinearBackend>(
     t: &'a B,
     (rows, cols): (usize, usize),
-    now: &[Want],
-    keep: Option<Want>,
+    (now, keep, column_sums): (&[Want], Option<Want>, bool),
     label: &dyn Fn() -> String,
 ) -> Result<Quantized<'a, B>> {
     let req = Request {
@@ -208,10 +207,14 @@ fn quantize<'a, B: LinearBackend>(
         cols,
         now,
         keep,
+        column_sums,
         label,
     };
     let q = t.quantize(&req)?;
-    if q.now.len() != now.len() || q.keep.is_some() != keep.is_some() {
+    if q.now.len() != now.len()
+        || q.keep.is_some() != keep.is_some()
+        || q.column_sums.is_some() != column_sums
+    {
         return Err(not_as_asked());
     }
     Ok(q)
@@ -237,8 +240,11 @@ pub fn forward<B: LinearBackend>(
     let xq = quantize(
         x,
         (m, k),
-        &[Want::new(&spec.fprop.a, Along::Cols, None)?],
-        Some(Want::new(&spec.wgrad.b, Along::Rows, None)?),
+        (
+            &[Want::new(&spec.fprop.a, Along::Cols, None)?],
+            Some(Want::new(&spec.wgrad.b, Along::Rows, None)?),
+            false,
+        ),
         &|| ctx.label("activation"),
     )?;
     let w_keep = spec.saved().w;
@@ -246,7 +252,9 @@ pub fn forward<B: LinearBackend>(
         .map(|w| Want::new(&w, Along::Rows, None))
         .transpose()?;
     let w_fprop = Want::new(&spec.fprop.b, Along::Cols, None)?;
-    let wq = quantize(w, (n, k), &[w_fprop], w_keep, &|| ctx.label("weight"))?;
+    let wq = quantize(w, (n, k), (&[w_fprop], w_keep, false), &|| {
+        ctx.label("weight")
+    })?;
     let y = B::gemm(x.device(), &xq.now[0], &wq.now[0], b, x.dtype())?;
     let saved = Saved {
         x: xq.keep.ok_or_else(not_as_asked)?,
@@ -277,16 +285,22 @@ pub fn backward<B: LinearBackend>(
     check_len("dy", dy, m * n, s)?;
     let spec = call.start();
     let dev = dy.device();
+    // db comes with dy's operands, from the same pass over dy where the
+    // backend's kernels allow.
     let dyq = quantize(
         dy,
         (m, n),
-        &[
-            Want::new(&spec.dgrad.a, Along::Cols, Some(ctx.sr_key(0)))?,
-            Want::new(&spec.wgrad.a, Along::Rows, Some(ctx.sr_key(1)))?,
-        ],
-        None,
+        (
+            &[
+                Want::new(&spec.dgrad.a, Along::Cols, Some(ctx.sr_key(0)))?,
+                Want::new(&spec.wgrad.a, Along::Rows, Some(ctx.sr_key(1)))?,
+            ],
+            None,
+            saved.has_bias,
+        ),
         &|| ctx.label("gradient"),
     )?;
+    let db = dyq.column_sums;
     let [dy_n, dy_m]: [B::Operand<'_>; 2] = dyq.now.try_into().map_err(|_| not_as_asked())?;
     // dgrad dx = dy W: reduction over N.
     let dx = match &saved.w {
@@ -300,7 +314,9 @@ pub fn backward<B: LinearBackend>(
             })?;
             check_len("W", w, n * k, s)?;
             let w_dgrad = Want::new(&spec.dgrad.b, Along::Rows, None)?;
-            let wq = quantize(w, (n, k), &[w_dgrad], None, &|| ctx.label("weight"))?;
+            let wq = quantize(w, (n, k), (&[w_dgrad], None, false), &|| {
+                ctx.label("weight")
+            })?;
             B::gemm(dev, &dy_n, &wq.now[0], None, saved.act)?
         }
     };
@@ -308,6 +324,5 @@ pub fn backward<B: LinearBackend>(
     // wgrad dW = dy^T x: reduction over M.
     let dw = B::gemm(dev, &dy_m, &saved.x, None, DType::F32)?;
     drop(dy_m);
-    let db = saved.has_bias.then(|| dy.column_sums(m, n)).transpose()?;
     Ok(Grads { dx, dw, db })
 }

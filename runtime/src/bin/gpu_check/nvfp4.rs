@@ -213,8 +213,28 @@ fn compare_nv(
     check_dir(ctx, &g, x, dims, along, cfg)
 }
 
+/// The f32 column sums of the row-major `[rows, cols]` x in the order
+/// `nvfp4_amax` takes them: 16 rows a thread, the 8 warps of a CTA (128
+/// rows), then the CTAs in row order, each sum from +0 and the rows past the
+/// matrix adding +0.
+fn amax_pass_column_sums(x: &[f32], (rows, cols): (usize, usize)) -> Vec<f32> {
+    let at = |r: usize, c: usize| if r < rows { x[r * cols + c] } else { 0.0 };
+    (0..cols)
+        .map(|c| {
+            (0..rows.div_ceil(128)).fold(0f32, |total, cta| {
+                let warps = (0..8).fold(0f32, |acc, w| {
+                    acc + (0..16).fold(0f32, |s, i| s + at(128 * cta + 16 * w + i, c))
+                });
+                total + warps
+            })
+        })
+        .collect()
+}
+
 /// Both directions from one pass (`c` along the columns, `r` along the
-/// rows, the same tiling): each bit-exact with its own CPU quantization.
+/// rows, the same tiling): each bit-exact with its own CPU quantization,
+/// and the column sums the amax pass takes on the way (when the direction
+/// along the columns has no Hadamard) bit-exact in its order.
 fn compare_pair(
     ctx: &CudaContext,
     xd: (&DevBuf, DType),
@@ -222,7 +242,24 @@ fn compare_pair(
     dims: (usize, usize),
     (c, r): (&Nvfp4Config, &Nvfp4Config),
 ) -> Result<(), String> {
-    let [gc, gr] = gpu(ctx.quantize_nvfp4_2d(xd, dims, [Some((*c, BOTH)), Some((*r, BOTH))]))?;
+    let dirs = [Some((*c, BOTH)), Some((*r, BOTH))];
+    let ([gc, gr], sums) = gpu(ctx.quantize_nvfp4_2d(xd, dims, dirs, true))?;
+    match (sums, c.hadamard || dims.0 * dims.1 == 0) {
+        (Some(s), false) => {
+            let got = gpu(ctx.download::<f32>(&s, dims.1))?;
+            let want = amax_pass_column_sums(x, dims);
+            if let Some(i) = (0..dims.1).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+                return Err(format!("column sum {i}: {}, want {}", got[i], want[i]));
+            }
+        }
+        (None, true) => {}
+        (s, _) => {
+            return Err(format!(
+                "column sums: got {}",
+                if s.is_some() { "some" } else { "none" }
+            ))
+        }
+    }
     let pair = |e: String| {
         format!(
             "both at once ({} | {}): {e}",

@@ -227,8 +227,9 @@ fn nvfp4_jobs<'a>(
             (_, _, true) => "nvfp4_dy_both_sr_bf16",
             _ => "nvfp4_x_both_bf16",
         };
-        let f =
-            move || gpu(ctx.quantize_nvfp4_2d((x, dtype), dims, [Some(c), Some(r)])).map(|_| ());
+        let f = move || {
+            gpu(ctx.quantize_nvfp4_2d((x, dtype), dims, [Some(c), Some(r)], false)).map(|_| ())
+        };
         (name, Box::new(f))
     };
     vec![
@@ -263,8 +264,12 @@ fn nvfp4_exact(
     };
     let x = (xb, DType::BF16);
     let plain = Nvfp4Config::default();
-    let [gc, gr] =
-        gpu(ctx.quantize_nvfp4_2d(x, (rows, cols), [Some((plain, out)), Some((had, out))]))?;
+    let ([gc, gr], _) = gpu(ctx.quantize_nvfp4_2d(
+        x,
+        (rows, cols),
+        [Some((plain, out)), Some((had, out))],
+        false,
+    ))?;
     let one = gpu(ctx.quantize_nvfp4(x, (rows, cols), Along::Cols, &plain, out))?;
     let cpu_c = quantize_nvfp4_rows(xw, rows, cols, &plain).map_err(|e| e.to_string())?;
     let cpu_r = quantize_nvfp4(xw, &[rows, cols], 0, &had).map_err(|e| e.to_string())?;
