@@ -103,12 +103,12 @@ __device__ __forceinline__ u32 encode_rne(float x) {
     return is_nan_bits(bits) ? nan_code<F>(sign) : code;
 }
 
-// encode_sr<E2M1> of an x that is not NaN, without branches. For
-// a = min(|x|, 6) in [2^E, 2^(E+1)) (E = 0, 1, 2; E = 0 below 1 as well)
-// the codes step by 2^(E-1), so the lower code is 2E + n, n = floor(q),
-// q = a / 2^(E-1) (exact), and the fraction is q - n: the values encode_sr's
-// two branches give. a = 6 is a code (fraction 0), so the sum stays <= 7.
-__device__ __forceinline__ u32 encode_sr_e2m1_finite(float x, u32 r) {
+// encode_sr<E2M1> without branches. For a = min(|x|, 6) in [2^E, 2^(E+1))
+// (E = 0, 1, 2; E = 0 below 1 as well) the codes step by 2^(E-1), so the
+// lower code is 2E + n, n = floor(q), q = a / 2^(E-1) (exact), and the
+// fraction is q - n: the values encode_sr's two branches give. a = 6 is a
+// code (fraction 0), so the sum stays <= 7.
+__device__ __forceinline__ u32 encode_sr_e2m1(float x, u32 r) {
     const float a = fminf(fabsf(x), 6.0f);
     const u32 e = max(f2u(a) & 0x7F800000u, 0x3F800000u);  // 2^E
     const float q = a * u2f((255u << 23) - e);             // a * 2^(1-E)
@@ -119,20 +119,15 @@ __device__ __forceinline__ u32 encode_sr_e2m1_finite(float x, u32 r) {
     return (lo + (up ? 1u : 0u)) | ((f2u(x) >> 31) << 3);
 }
 
-// encode_sr<E2M1>: a NaN encodes as +0.
-__device__ __forceinline__ u32 encode_sr_e2m1(float x, u32 r) {
-    return is_nan_bits(f2u(x)) ? 0u : encode_sr_e2m1_finite(x, r);
-}
-
-// Satfinite encoding with stochastic rounding (formats.rs, encode_sr): round
-// away from zero when the top 24 bits of `r` fall below the fractional
-// position of |x| between its two neighbouring codes.
+// Satfinite encoding with stochastic rounding (formats.rs, encode_sr) of an
+// x that is not NaN (every caller's block has a finite scale): round away
+// from zero when the top 24 bits of `r` fall below the fractional position
+// of |x| between its two neighbouring codes.
 template <class F>
 __device__ __forceinline__ u32 encode_sr(float x, u32 r) {
     if (F::exp_bits == 2 && F::man_bits == 1) return encode_sr_e2m1(x, r);
     const u32 bits = f2u(x);
     const u32 sign = bits >> 31;
-    if (is_nan_bits(bits)) return nan_code<F>(sign);
     const float a = fminf(u2f(bits & 0x7FFFFFFFu), F::max_value());
     const u32 shift = 23 - F::man_bits;
     const u32 min_normal_bits = (u32)(128 - F::bias) << 23;
@@ -552,11 +547,8 @@ __device__ __forceinline__ void mx_encode_block(float* v, u32 byte, bool sr, con
             u32 r[4];
             sr_words(key, b * (MX_BLOCK / 4) + (u64)g, r);
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                // The scale is not NaN, so no element is NaN.
-                const bool e2m1 = F::exp_bits == 2 && F::man_bits == 1;
-                c[4 * g + q] = e2m1 ? encode_sr_e2m1_finite(v[4 * g + q], r[q]) : encode_sr<F>(v[4 * g + q], r[q]);
-            }
+            // The scale is not NaN, so no element is NaN.
+            for (int q = 0; q < 4; ++q) c[4 * g + q] = encode_sr<F>(v[4 * g + q], r[q]);
         }
         pack_codes<F, MX_BLOCK>(c, w);
     } else {

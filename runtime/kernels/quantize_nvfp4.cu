@@ -168,7 +168,7 @@ __device__ __forceinline__ void nv_encode(const float* v, float r, const NvDir& 
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
                 const int i = 4 * g + q;
-                w[i / 8] |= encode_sr_e2m1_finite(v[i] * r, rw[q]) << (4 * (i % 8));
+                w[i / 8] |= encode_sr<E2M1>(v[i] * r, rw[q]) << (4 * (i % 8));
             }
         }
         return;
