@@ -12,20 +12,11 @@ scales, scale_inv and tile scale_inv, the padding (zero codes, zero
 scale_inv rows) and the amax flag. Ends with "N passed, M failed" and
 exits 1 on any failure. Only the standard library is needed.
 """
-import argparse
 import array
-import json
-import os
 import random
-import struct
 import subprocess
-import sys
-import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.join(HERE, "..", "..")
-SHAPES = [(1, 1), (3, 17), (16, 127), (129, 128), (2, 129), (130, 300), (257, 520),
-          (1000, 33), (64, 64), (300, 1000), (1283, 77), (256, 384)]
+from emu_check import SHAPES, Tally, bits, cpu_quantize, setup, write_input
 
 
 def r16(n):
@@ -56,39 +47,8 @@ def awkward(rows, cols, seed):
     return array.array("f", out)
 
 
-def to_bf16_bits(x):
-    """Round-to-nearest-even f32 -> BF16 bits (finite inputs)."""
-    bits = array.array("I", x.tobytes())
-    return array.array("H", [((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF for b in bits])
-
-
-def write_st(path, data, dtype, shape):
-    hdr = json.dumps({"x": {"dtype": dtype, "shape": shape, "data_offsets": [0, len(data)]}}).encode()
-    hdr += b" " * ((8 - len(hdr) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hdr)) + hdr + data)
-
-
-def read_st(path):
-    b = open(path, "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    hdr = json.loads(b[8:8 + n])
-    out = {}
-    for k, v in hdr.items():
-        if k == "__metadata__":
-            continue
-        s, e = v["data_offsets"]
-        raw = b[8 + n + s:8 + n + e]
-        out[k] = (v["shape"], raw if v["dtype"] == "U8" else array.array("f", raw))
-    return out
-
-
 def f32s(path):
     return array.array("f", open(path, "rb").read())
-
-
-def bits(v):
-    return struct.unpack("<I", struct.pack("<f", v))[0]
 
 
 def check_dir(tmp, d, rows, cols, grouping, cpu):
@@ -101,7 +61,7 @@ def check_dir(tmp, d, rows, cols, grouping, cpu):
     rp = r16(R)
     codes = open(f"{tmp}/out.{d}.codes", "rb").read()
     scales, vec = f32s(f"{tmp}/out.{d}.scales"), f32s(f"{tmp}/out.{d}.vec")
-    (cshape, ccodes), (sshape, cscales) = cpu["x.codes"], cpu["x.scales"]
+    ccodes, cscales = cpu["x.codes"][1], cpu["x.scales"][1]
     bad = []
     # The CPU keeps the input's layout: [R, plen] along the columns,
     # [plen, R] along the rows; scales [R, gpr] or [gpr, R].
@@ -141,29 +101,15 @@ def check_dir(tmp, d, rows, cols, grouping, cpu):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--mxswitch", default=os.path.join(ROOT, "target", "release", "mxswitch"))
-    ap.add_argument("--cxx", default=os.environ.get("CXX", "g++"))
-    args = ap.parse_args()
-    tmp = tempfile.mkdtemp(prefix="kernel_emu_")
-    exe = os.path.join(tmp, "fp8_group")
-    subprocess.run([args.cxx, "-std=c++20", "-O2", "-ffp-contract=off", "-pthread", "-Wno-unknown-pragmas",
-                    "-o", exe, os.path.join(HERE, "fp8_group.cpp")], check=True)
-    passed = failed = 0
+    args, tmp, exe = setup("fp8_group")
+    tally = Tally()
     fmt = {"rowwise": ["--format", "fp8-rowwise"], "block": ["--format", "fp8-block"],
            "tiles": ["--format", "fp8-block", "--tile2d"]}
     for grouping in ["rowwise", "block", "tiles"]:
         for dtype in ["f32", "bf16"]:
             for pow2 in [0, 1]:
                 for si, (rows, cols) in enumerate(SHAPES):
-                    x = awkward(rows, cols, 100 + si)
-                    if dtype == "bf16":
-                        b = to_bf16_bits(x)
-                        raw, st_dtype = b.tobytes(), "BF16"
-                    else:
-                        raw, st_dtype = x.tobytes(), "F32"
-                    open(f"{tmp}/x.raw", "wb").write(raw)
-                    write_st(f"{tmp}/x.st", raw, st_dtype, [rows, cols])
+                    xs = write_input(tmp, awkward(rows, cols, 100 + si), dtype, rows, cols)
                     dirs = ["both", "c", "r"][si % 3] if si < 3 else "both"
                     subprocess.run([exe, f"{tmp}/x.raw", dtype, str(rows), str(cols), grouping, str(pow2), dirs,
                                     f"{tmp}/out"], check=True)
@@ -171,28 +117,16 @@ def main():
                     for d, axis in [("c", "-1"), ("r", "0")]:
                         if dirs not in ("both", d):
                             continue
-                        p = subprocess.run([args.mxswitch, "quantize", *fmt[grouping], "--axis", axis, "--pow2",
-                                            "true" if pow2 else "false", "--input", f"{tmp}/x.st", "--output",
-                                            f"{tmp}/cpu.st"], capture_output=True, text=True)
-                        if p.returncode != 0:
-                            bad.append(f"mxswitch quantize failed: {p.stderr.strip()}")
-                            continue
-                        bad += [f"{d}: {e}" for e in check_dir(tmp, d, rows, cols, grouping, read_st(f"{tmp}/cpu.st"))]
+                        opts = [*fmt[grouping], "--axis", axis, "--pow2", "true" if pow2 else "false"]
+                        cpu, err = cpu_quantize(args, tmp, opts)
+                        bad += [err] if err else [f"{d}: {e}" for e in check_dir(tmp, d, rows, cols, grouping, cpu)]
                     # The flag: the largest |x| bits.
-                    xs = array.array("f", raw) if dtype == "f32" else array.array(
-                        "f", array.array("I", [h << 16 for h in array.array("H", raw)]).tobytes())
                     want_flag = max((bits(v) & 0x7FFFFFFF for v in xs), default=0)
                     got_flag = array.array("I", open(f"{tmp}/out.flag", "rb").read())[0]
                     if got_flag != want_flag:
                         bad.append(f"flag {got_flag:#x}, want {want_flag:#x}")
-                    label = f"{grouping} {dtype} pow2={pow2} [{rows}, {cols}] {dirs}"
-                    if bad:
-                        failed += 1
-                        print(f"FAIL {label}: " + "; ".join(bad[:5]))
-                    else:
-                        passed += 1
-                sys.stdout.flush()
-            print(f"{grouping} {dtype}: {passed} passed, {failed} failed so far")
+                    tally.add(f"{grouping} {dtype} pow2={pow2} [{rows}, {cols}] {dirs}", bad)
+            print(f"{grouping} {dtype}: {tally.so_far()} so far")
     # A NaN or an Inf reaches the flag, which the host's finite check reads.
     for grouping in ["rowwise", "block", "tiles"]:
         for bad_v, want in [(float("nan"), "nan"), (float("inf"), "inf")]:
@@ -202,13 +136,8 @@ def main():
             subprocess.run([exe, f"{tmp}/x.raw", "f32", "130", "300", grouping, "0", "both", f"{tmp}/out"], check=True)
             f = array.array("I", open(f"{tmp}/out.flag", "rb").read())[0]
             ok = f > 0x7F800000 if want == "nan" else f == 0x7F800000
-            if ok:
-                passed += 1
-            else:
-                failed += 1
-                print(f"FAIL {grouping} {want} in the input: flag {f:#x}")
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+            tally.add(f"{grouping} {want} in the input", [] if ok else [f"flag {f:#x}"])
+    tally.finish()
 
 
 if __name__ == "__main__":

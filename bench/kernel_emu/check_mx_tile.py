@@ -11,33 +11,21 @@ then for E2M1 and E4M3 elements, the four scale rules, 1x32 blocks and
 stochastic rounding, f32 and BF16 input, over awkward shapes, compares each
 direction's codes, E8M0 scale bytes and BF16 GEMM operand
 (decode(code) * 2^(byte - 127)), as mx_tile writes it and as
-dequantize_mx_operand (quantize_mx.cu) makes it from the codes. Ends with "N passed, M failed" and exits 1
-on any failure. Only the standard library is needed.
+dequantize_mx_operand (quantize_mx.cu) makes it from the codes. Ends with
+"N passed, M failed" and exits 1 on any failure. Only the standard library
+is needed.
 """
-import argparse
 import array
-import os
 import subprocess
-import sys
-import tempfile
 
-from check_fp8_group import SHAPES, bits, read_st, to_bf16_bits, write_st
-from check_nvfp4 import E2M1, e4m3, f32, values
+from emu_check import SHAPES, E2M1, Tally, bf16_bits, cpu_quantize, e4m3, f32, setup, values, write_input
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.join(HERE, "..", "..")
 MODES = {"floor": 0, "ceil": 1, "even": 2, "rceil": 3}
 # (format, scale rule, tile2d, Hadamard on row blocks, on column blocks, stochastic rounding)
 CONFIGS = [("mxfp4", "even", 0, 0, 0, 0), ("mxfp4", "even", 0, 0, 1, 1), ("mxfp4", "floor", 1, 0, 0, 0),
            ("mxfp4", "rceil", 0, 1, 1, 1), ("mxfp4", "ceil", 1, 0, 0, 1), ("mxfp8", "rceil", 0, 0, 0, 0),
            ("mxfp8", "even", 0, 1, 0, 1), ("mxfp8", "floor", 1, 0, 0, 1)]
 SEED, STEP, IDS = 0xDEAD_BEEF_0042, 7, (10, 11)
-
-
-def bf16_bits(v):
-    """Round-to-nearest-even f32 -> BF16 bits of a finite f32 value."""
-    b = bits(v)
-    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
 
 
 def check_dir(tmp, d, rows, cols, fp4, cpu):
@@ -72,27 +60,15 @@ def check_dir(tmp, d, rows, cols, fp4, cpu):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--mxswitch", default=os.path.join(ROOT, "target", "release", "mxswitch"))
-    ap.add_argument("--cxx", default=os.environ.get("CXX", "g++"))
-    args = ap.parse_args()
-    tmp = tempfile.mkdtemp(prefix="kernel_emu_")
-    exe = os.path.join(tmp, "mx_tile")
-    subprocess.run([args.cxx, "-std=c++20", "-O2", "-ffp-contract=off", "-pthread", "-Wno-unknown-pragmas",
-                    "-o", exe, os.path.join(HERE, "mx_tile.cpp")], check=True)
-    passed = failed = 0
+    args, tmp, exe = setup("mx_tile")
+    tally = Tally()
     # The last shape is all below 2^-120: scale bytes so small that the
     # BF16 operand's products are f32 subnormals, which round.
     for si, (rows, cols) in enumerate(SHAPES + [(130, 300)]):
+        tiny = si == len(SHAPES)
         for ci, (fmt, mode, tile2d, had_c, had_r, sr) in enumerate(CONFIGS):
             dtype = ("f32", "bf16")[(si + ci) % 2]
-            x = values(rows, cols, 500 + si, tiny=si == len(SHAPES))
-            if dtype == "bf16":
-                raw, st_dtype = to_bf16_bits(x).tobytes(), "BF16"
-            else:
-                raw, st_dtype = x.tobytes(), "F32"
-            open(f"{tmp}/x.raw", "wb").write(raw)
-            write_st(f"{tmp}/x.st", raw, st_dtype, [rows, cols])
+            write_input(tmp, values(rows, cols, 500 + si, tiny=tiny), dtype, rows, cols)
             sr_arg = f"{SEED},{STEP},{IDS[0]},{IDS[1]}" if sr else "-"
             elem = "e2m1" if fmt == "mxfp4" else "e4m3fn"
             subprocess.run([exe, f"{tmp}/x.raw", dtype, str(rows), str(cols), elem, str(MODES[mode]), str(tile2d),
@@ -100,23 +76,11 @@ def main():
             bad = []
             for d, axis, had, tid in [("c", "-1", had_c, IDS[0]), ("r", "0", had_r, IDS[1])]:
                 opts = ["--tile2d"] * tile2d + ["--hadamard"] * had + ["--sr", f"{SEED},{STEP},{tid}"] * sr
-                p = subprocess.run([args.mxswitch, "quantize", "--format", fmt, "--scale-mode", mode, "--axis", axis,
-                                    *opts, "--input", f"{tmp}/x.st", "--output", f"{tmp}/cpu.st"],
-                                   capture_output=True, text=True)
-                if p.returncode != 0:
-                    bad.append(f"mxswitch quantize failed: {p.stderr.strip()}")
-                    continue
-                bad += [f"{d}: {e}" for e in check_dir(tmp, d, rows, cols, fmt == "mxfp4", read_st(f"{tmp}/cpu.st"))]
-            label = (f"{fmt} {mode} {dtype} [{rows}, {cols}] tile2d={tile2d} hadamard={had_c}{had_r} sr={sr}"
-                     f"{' tiny' if si == len(SHAPES) else ''}")
-            if bad:
-                failed += 1
-                print(f"FAIL {label}: " + "; ".join(bad[:5]))
-            else:
-                passed += 1
-            sys.stdout.flush()
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+                cpu, err = cpu_quantize(args, tmp, ["--format", fmt, "--scale-mode", mode, "--axis", axis, *opts])
+                bad += [err] if err else [f"{d}: {e}" for e in check_dir(tmp, d, rows, cols, fmt == "mxfp4", cpu)]
+            tally.add(f"{fmt} {mode} {dtype} [{rows}, {cols}] tile2d={tile2d} hadamard={had_c}{had_r} sr={sr}"
+                      f"{' tiny' if tiny else ''}", bad)
+    tally.finish()
 
 
 if __name__ == "__main__":

@@ -14,56 +14,15 @@ and the partial column sums nvfp4_amax takes (bit for bit, in its order).
 Ends with "N passed, M failed" and exits 1 on any failure. Only the
 standard library is needed.
 """
-import argparse
 import array
-import os
-import random
 import subprocess
-import sys
-import tempfile
 
-from check_fp8_group import SHAPES, bits, read_st, to_bf16_bits, write_st
+from emu_check import SHAPES, E2M1, Tally, bits, cpu_quantize, e4m3, f32, setup, values, write_input
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.join(HERE, "..", "..")
-E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 # (tile2d, Hadamard along the columns, along the rows, stochastic rounding, amax pass)
 CONFIGS = [(0, 0, 0, 0, "auto"), (0, 0, 1, 0, "auto"), (0, 0, 1, 1, "auto"), (1, 0, 0, 0, "auto"),
            (0, 1, 1, 1, "auto"), (0, 0, 1, 0, "tile"), (1, 1, 0, 1, "auto"), (1, 0, 1, 1, "auto")]
 SEED, STEP, IDS = 0x1234_5678_9ABC, 41, (6, 7)
-
-
-def values(rows, cols, seed, tiny=False):
-    """Gaussian values over a few binades (NVFP4's two-level scales keep
-    about 2^17 of range below the tensor amax), with zeros, -0, outliers and
-    f32 subnormals; `tiny` scales everything below 2^-120, so that t is
-    subnormal and 1 / t overflows."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(rows * cols):
-        k = rng.random()
-        if k < 0.05:
-            v = 0.0
-        elif k < 0.07:
-            v = -0.0
-        elif k < 0.08:
-            v = rng.gauss(0, 1) * 1000
-        elif k < 0.09:
-            v = rng.choice([1e-40, -3e-42])
-        else:
-            v = rng.gauss(0, 1) * 2.0 ** rng.randrange(-8, 4)
-        out.append(v * 2.0 ** -130 if tiny else v)
-    return array.array("f", out)
-
-
-def f32(v):
-    return array.array("f", [v])[0]
-
-
-def e4m3(byte):
-    e, m = (byte >> 3) & 0xF, byte & 7
-    v = m * 2.0 ** -9 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
-    return -v if byte & 0x80 else v
 
 
 def hadamard_amax(groups):
@@ -146,28 +105,14 @@ def check_dir(tmp, d, rows, cols, xs, hadamard, cpu):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--mxswitch", default=os.path.join(ROOT, "target", "release", "mxswitch"))
-    ap.add_argument("--cxx", default=os.environ.get("CXX", "g++"))
-    args = ap.parse_args()
-    tmp = tempfile.mkdtemp(prefix="kernel_emu_")
-    exe = os.path.join(tmp, "nvfp4")
-    subprocess.run([args.cxx, "-std=c++20", "-O2", "-ffp-contract=off", "-pthread", "-Wno-unknown-pragmas",
-                    "-o", exe, os.path.join(HERE, "nvfp4.cpp")], check=True)
-    passed = failed = 0
+    args, tmp, exe = setup("nvfp4")
+    tally = Tally()
     cases = [(shape, si, dtype, cfg) for si, shape in enumerate(SHAPES) for dtype in ("f32", "bf16")
              for cfg in CONFIGS]
     # A tensor so small that t is subnormal and 1 / t is Inf (the encoders' r = Inf branch).
     cases += [((130, 300), -1, dtype, cfg) for dtype in ("f32", "bf16") for cfg in CONFIGS[:3]]
     for (rows, cols), si, dtype, (tile2d, had_c, had_r, sr, amax) in cases:
-        x = values(rows, cols, 300 + si, tiny=si < 0)
-        if dtype == "bf16":
-            raw, st_dtype = to_bf16_bits(x).tobytes(), "BF16"
-            xs = array.array("f", array.array("I", [h << 16 for h in array.array("H", raw)]).tobytes())
-        else:
-            raw, st_dtype, xs = x.tobytes(), "F32", x
-        open(f"{tmp}/x.raw", "wb").write(raw)
-        write_st(f"{tmp}/x.st", raw, st_dtype, [rows, cols])
+        xs = write_input(tmp, values(rows, cols, 300 + si, tiny=si < 0), dtype, rows, cols)
         dirs = ["both", "c", "r"][si % 3] if 0 <= si < 3 else "both"
         sr_arg = f"{SEED},{STEP},{IDS[0]},{IDS[1]}" if sr else "-"
         subprocess.run([exe, f"{tmp}/x.raw", dtype, str(rows), str(cols), str(tile2d), dirs, str(had_c),
@@ -177,12 +122,8 @@ def main():
             if dirs not in ("both", d):
                 continue
             opts = ["--tile2d"] * tile2d + ["--hadamard"] * had + ["--sr", f"{SEED},{STEP},{tid}"] * sr
-            p = subprocess.run([args.mxswitch, "quantize", "--format", "nvfp4", "--axis", axis, *opts, "--input",
-                                f"{tmp}/x.st", "--output", f"{tmp}/cpu.st"], capture_output=True, text=True)
-            if p.returncode != 0:
-                bad.append(f"mxswitch quantize failed: {p.stderr.strip()}")
-                continue
-            bad += [f"{d}: {e}" for e in check_dir(tmp, d, rows, cols, xs, had, read_st(f"{tmp}/cpu.st"))]
+            cpu, err = cpu_quantize(args, tmp, ["--format", "nvfp4", "--axis", axis, *opts])
+            bad += [err] if err else [f"{d}: {e}" for e in check_dir(tmp, d, rows, cols, xs, had, cpu)]
         got = array.array("f", open(f"{tmp}/out.sums", "rb").read())
         if amax == "auto" and not (had_c and dirs != "r"):
             want = partial_sums(xs, rows, cols)
@@ -193,14 +134,8 @@ def main():
             bad.append("column sums written by the tile kernel's amax pass")
         label = (f"{dtype} [{rows}, {cols}] {dirs} tile2d={tile2d} hadamard={had_c}{had_r} "
                  f"sr={sr} amax={amax}{' tiny' if si < 0 else ''}")
-        if bad:
-            failed += 1
-            print(f"FAIL {label}: " + "; ".join(bad[:5]))
-        else:
-            passed += 1
-        sys.stdout.flush()
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+        tally.add(label, bad)
+    tally.finish()
 
 
 if __name__ == "__main__":

@@ -16,9 +16,12 @@
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -101,4 +104,23 @@ void launch2d(unsigned gx, unsigned gy, unsigned threads, K kernel) {
 template <class K>
 void launch(unsigned blocks, unsigned threads, K kernel) {
     launch2d(blocks, 1, threads, kernel);
+}
+
+// The drivers' files: a whole file's bytes, and bytes written to a file (a
+// failure ends the run with status 2).
+inline std::vector<unsigned char> read_file(const char* p) {
+    FILE* f = std::fopen(p, "rb");
+    if (!f) { std::perror(p); std::exit(2); }
+    std::vector<unsigned char> b;
+    unsigned char buf[1 << 16];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) b.insert(b.end(), buf, buf + n);
+    std::fclose(f);
+    return b;
+}
+
+inline void write_file(const std::string& p, const void* d, size_t n) {
+    FILE* f = std::fopen(p.c_str(), "wb");
+    if (!f || std::fwrite(d, 1, n, f) != n) { std::perror(p.c_str()); std::exit(2); }
+    std::fclose(f);
 }

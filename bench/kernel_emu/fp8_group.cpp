@@ -18,23 +18,6 @@
 #include "../../runtime/kernels/common.cuh"
 #include "../../runtime/kernels/quantize_fp8_group.cu"
 
-static std::vector<unsigned char> read_file(const char* p) {
-    FILE* f = std::fopen(p, "rb");
-    if (!f) { std::perror(p); std::exit(2); }
-    std::vector<unsigned char> b;
-    unsigned char buf[1 << 16];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) b.insert(b.end(), buf, buf + n);
-    std::fclose(f);
-    return b;
-}
-
-static void write_file(const std::string& p, const void* d, size_t n) {
-    FILE* f = std::fopen(p.c_str(), "wb");
-    if (!f || std::fwrite(d, 1, n, f) != n) { std::perror(p.c_str()); std::exit(2); }
-    std::fclose(f);
-}
-
 static size_t r16(size_t n) { return (n + 15) / 16 * 16; }
 
 struct Dir {

@@ -23,23 +23,6 @@
 #include "../../runtime/kernels/mx_tile.cu"
 #include "../../runtime/kernels/quantize_mx.cu"
 
-static std::vector<unsigned char> read_file(const char* p) {
-    FILE* f = std::fopen(p, "rb");
-    if (!f) { std::perror(p); std::exit(2); }
-    std::vector<unsigned char> b;
-    unsigned char buf[1 << 16];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) b.insert(b.end(), buf, buf + n);
-    std::fclose(f);
-    return b;
-}
-
-static void write_file(const std::string& p, const void* d, size_t n) {
-    FILE* f = std::fopen(p.c_str(), "wb");
-    if (!f || std::fwrite(d, 1, n, f) != n) { std::perror(p.c_str()); std::exit(2); }
-    std::fclose(f);
-}
-
 int main(int argc, char** argv) {
     if (argc != 12) {
         std::fprintf(stderr, "usage: mx_tile IN f32|bf16 ROWS COLS e2m1|e4m3fn MODE TILE2D HAD_ROWB HAD_COLB SR OUT\n");
