@@ -289,44 +289,7 @@ impl CudaContext {
         // has the Hadamard (then the tile kernel's PHASE_AMAX).
         let mut sums = None;
         let phases = if cd.hadamard == 0 {
-            let vec_cols = 32 * (16 / size);
-            let acfg = LaunchConfig {
-                grid_dim: (
-                    u32_of(cols.div_ceil(vec_cols), "column strips")?,
-                    u32_of(rows.div_ceil(AMAX_ROWS), "row strips")?,
-                    1,
-                ),
-                block_dim: (THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            if acfg.grid_dim.1 > 65535 {
-                return Err(CudaError::Invalid(format!(
-                    "nvfp4_amax: {rows} rows exceed the grid limit"
-                )));
-            }
-            let aname = by_dtype(dtype, "nvfp4_amax_f32", "nvfp4_amax_bf16");
-            // One row of partial sums per CTA row (AMAX_ROWS rows of x).
-            let chunks = acfg.grid_dim.1 as usize;
-            let partial = column_sums
-                .then(|| self.alloc(chunks * cols * 4))
-                .transpose()?;
-            let pp = partial.as_ref().map_or(0, DevBuf::ptr);
-            // Both states were zeroed above; `partial`, if any, holds chunks x cols f32.
-            launch_kernel!(
-                self,
-                &QUANTIZE_NVFP4,
-                aname,
-                acfg,
-                &xp,
-                &r32,
-                &c32,
-                &cd,
-                &rd,
-                &pp
-            )?;
-            sums = partial
-                .map(|p| self.lin_colsum_final(&p, chunks, cols))
-                .transpose()?;
+            sums = self.nvfp4_amax((x, dtype), (rows, cols), (&cd, &rd), column_sums)?;
             &[Phase::Quantize][..]
         } else {
             &[Phase::Amax, Phase::Quantize][..]
@@ -349,6 +312,58 @@ impl CudaContext {
             )?;
         }
         Ok((out, sums))
+    }
+
+    /// `nvfp4_amax_*` over the non-empty `[rows, cols]` x into both
+    /// directions' zeroed states, and with `column_sums` the f32 column sums
+    /// it takes on the way (its 128-row partials added by
+    /// `lin_colsum_final`).
+    fn nvfp4_amax(
+        &self,
+        (x, dtype): (&DevBuf, DType),
+        (rows, cols): (usize, usize),
+        (cd, rd): (&NvDir, &NvDir),
+        column_sums: bool,
+    ) -> Result<Option<DevBuf>> {
+        let vectors_per_row = 32 * (16 / input_size(dtype)?);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                u32_of(cols.div_ceil(vectors_per_row), "column strips")?,
+                u32_of(rows.div_ceil(AMAX_ROWS), "row strips")?,
+                1,
+            ),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        if cfg.grid_dim.1 > 65535 {
+            return Err(CudaError::Invalid(format!(
+                "nvfp4_amax: {rows} rows exceed the grid limit"
+            )));
+        }
+        // One row of partial sums per CTA row (AMAX_ROWS rows of x).
+        let chunks = cfg.grid_dim.1 as usize;
+        let partial = column_sums
+            .then(|| self.alloc(chunks * cols * 4))
+            .transpose()?;
+        let (xp, pp) = (x.ptr(), partial.as_ref().map_or(0, DevBuf::ptr));
+        let (r32, c32) = (u32_of(rows, "rows")?, u32_of(cols, "cols")?);
+        let name = by_dtype(dtype, "nvfp4_amax_f32", "nvfp4_amax_bf16");
+        // The states were zeroed by the caller; `partial`, if any, holds chunks x cols f32.
+        launch_kernel!(
+            self,
+            &QUANTIZE_NVFP4,
+            name,
+            cfg,
+            &xp,
+            &r32,
+            &c32,
+            cd,
+            rd,
+            &pp
+        )?;
+        partial
+            .map(|p| self.lin_colsum_final(&p, chunks, cols))
+            .transpose()
     }
 
     /// The BF16 GEMM operand decode(code) * s_q, `[rows, padded_len]`, of

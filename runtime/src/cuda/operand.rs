@@ -473,7 +473,13 @@ impl LinearBackend for CudaStorage {
     }
 
     fn column_sums(&self, rows: usize, cols: usize) -> Result<CudaStorage> {
-        self.lin_column_sums(rows, cols).map_err(backend_err)
+        let s = self.lin_column_sums(rows, cols).map_err(backend_err)?;
+        Ok(CudaStorage::from_buffer(
+            s,
+            DType::F32,
+            cols,
+            self.device().clone(),
+        ))
     }
 
     fn operand_bytes(op: &CudaOperand<'_>) -> usize {

@@ -16,7 +16,7 @@ use super::mx_tile::{MxOut, MxWant};
 use super::nvfp4::{along_index, Nvfp4Outputs};
 use super::operand::{aligned, mx_codes_native, Bf16Matrix, Buf, CudaOperand, Fp8Matrix};
 use super::quantize::Fp8Outputs;
-use super::{CudaError, CudaStorage};
+use super::{CudaError, CudaStorage, DevBuf};
 use crate::backend::{Along, BackendStorage, Format, Quantized, Request, Want};
 use crate::formats::ElemFormat;
 use crate::quant::{Fp8GroupConfig, MxConfig, Nvfp4Config};
@@ -322,7 +322,7 @@ impl CudaStorage {
         (pass, column_sums): (Nvfp4Pass, bool),
         label: &dyn Fn() -> String,
         out: &mut Slots<'_>,
-    ) -> super::Result<Option<CudaStorage>> {
+    ) -> super::Result<Option<DevBuf>> {
         let ctx = self.device().context();
         let x = (self.buffer(), self.dtype());
         let want = |d: &Option<Nvfp4Dir>| d.as_ref().map(|d| (d.cfg, d.outputs));
@@ -356,17 +356,14 @@ impl CudaStorage {
                 );
             }
         }
-        let storage = |s| CudaStorage::from_buffer(s, DType::F32, cols, self.device().clone());
-        Ok(sums.map(storage))
+        Ok(sums)
     }
 
     /// The f32 column sums of the packed `[rows, cols]` matrix in `self`, a
     /// pass of their own (`lin_colsum`).
-    pub(super) fn lin_column_sums(&self, rows: usize, cols: usize) -> super::Result<CudaStorage> {
+    pub(super) fn lin_column_sums(&self, rows: usize, cols: usize) -> super::Result<DevBuf> {
         let ctx = self.device().context();
-        let s = ctx.lin_colsum(self.buffer(), act_in(self.dtype())?, rows, cols)?;
-        let device = self.device().clone();
-        Ok(CudaStorage::from_buffer(s, DType::F32, cols, device))
+        ctx.lin_colsum(self.buffer(), act_in(self.dtype())?, rows, cols)
     }
 
     /// Serves every entry of `req`.
@@ -439,6 +436,9 @@ impl CudaStorage {
         if req.column_sums && column_sums.is_none() {
             column_sums = Some(self.lin_column_sums(req.rows, req.cols)?);
         }
+        let device = self.device();
+        let column_sums =
+            column_sums.map(|s| CudaStorage::from_buffer(s, DType::F32, req.cols, device.clone()));
         let now: Vec<CudaOperand<'a>> = out.now.into_iter().flatten().collect();
         if now.len() != req.now.len() || out.keep.is_some() != req.keep.is_some() {
             return Err(CudaError::Invalid(
