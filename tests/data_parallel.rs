@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use mxswitch::runtime::dist::tcp::TcpCollective;
 use mxswitch::runtime::dist::{
-    all_gather_bytes, all_reduce_f32, average_gradients, backward_averaged, Collective,
+    all_gather_bytes, all_reduce_f32, average_gradients, backward_averaged, Collective, Membership,
     BUCKET_BYTES,
 };
 use mxswitch::runtime::{DType, Device, Gradients, Param, ParamId, Tensor};
@@ -124,6 +124,64 @@ fn a_stray_gradient_is_refused() {
             .to_string()
     });
     assert!(errs[0].contains("only 0 of them"), "{}", errs[0]);
+}
+
+/// The place of `rank` in a run of `world_size` ranks that meets at `addr`.
+fn member(rank: usize, world_size: usize, addr: std::net::SocketAddr) -> Membership {
+    Membership {
+        rank,
+        world_size,
+        local_rank: rank,
+        rendezvous: addr.to_string(),
+        nccl_id: None,
+    }
+}
+
+/// The rendezvous survives a copy of a launcher's port probe that a forked
+/// child holds until it execs: rank 0 waits out the busy port, and a rank
+/// that reached the probe instead of rank 0 is reset and tries again.
+#[test]
+fn the_rendezvous_waits_out_a_stale_probe_socket() {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = probe.local_addr().unwrap();
+    let sums = std::thread::scope(|s| {
+        let rank1 = s.spawn(|| {
+            let mut c = TcpCollective::connect(&member(1, 2, addr)).unwrap();
+            all_reduce_f32(&mut c, &[2.0]).unwrap()
+        });
+        let rank0 = s.spawn(|| {
+            let mut c = TcpCollective::connect(&member(0, 2, addr)).unwrap();
+            all_reduce_f32(&mut c, &[1.0]).unwrap()
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        drop(probe);
+        [rank0.join().unwrap(), rank1.join().unwrap()]
+    });
+    assert_eq!(sums, [vec![3.0], vec![3.0]]);
+}
+
+/// A port that stays busy, and a rank started for another world size, are
+/// refused with one-line errors.
+#[test]
+fn a_busy_port_or_another_world_size_is_refused() {
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let err = TcpCollective::connect(&member(0, 1, held.local_addr().unwrap()))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("rank 0 cannot listen at"), "{err}");
+    assert!(err.contains("in use") && !err.contains('\n'), "{err}");
+
+    let addr = held.local_addr().unwrap();
+    drop(held);
+    let err = std::thread::scope(|s| {
+        s.spawn(|| TcpCollective::connect(&member(0, 2, addr)));
+        TcpCollective::connect(&member(1, 3, addr)).unwrap_err()
+    })
+    .to_string();
+    assert_eq!(
+        err,
+        format!("rank 0 at {addr} runs 2 ranks but rank 1 was started as one of 3")
+    );
 }
 
 fn mxswitch(args: &[&str]) -> Output {

@@ -2,7 +2,7 @@
 //! only, so CI trains real multi-rank runs without a GPU.
 //!
 //! A star: rank 0 listens at the rendezvous and every other rank connects
-//! and says its rank. A sum sends each rank's values to rank 0, which adds
+//! and says its rank, and rank 0 answers with the world size. A sum sends each rank's values to rank 0, which adds
 //! them in rank order and sends the result back, so every rank gets the
 //! same bits.
 
@@ -29,73 +29,28 @@ fn net(what: String, e: impl std::fmt::Display) -> Error {
     Error::Backend(format!("{what}: {e}"))
 }
 
+/// How long rank 0 retries a rendezvous port that is in use.
+const BUSY_PORT_WAIT: Duration = Duration::from_secs(3);
+
+/// How long a rank waits between tries to reach rank 0.
+const RETRY_EVERY: Duration = Duration::from_millis(20);
+
+// Why both sides retry: a launcher finds a free port by binding it and
+// letting it go. A process forked in that moment (by any thread) holds a
+// copy of that probe socket until it execs. Meanwhile rank 0's bind fails
+// with "in use", and a rank that connects lands in the probe's backlog and is
+// reset at the exec. So rank 0 retries a busy port for a moment, and rank 0
+// answers every rank with the world size, which a rank must read before it
+// counts itself joined; a reset before the answer means "try again".
+
 impl TcpCollective {
     /// Meet the other ranks at `m.rendezvous`.
     pub fn connect(m: &Membership) -> Result<TcpCollective> {
         let deadline = Instant::now() + RENDEZVOUS_TIMEOUT;
-        let addr = &m.rendezvous;
         let peers = if m.rank == 0 {
-            let listener = TcpListener::bind(addr)
-                .map_err(|e| net(format!("rank 0 cannot listen at {addr}"), e))?;
-            listener
-                .set_nonblocking(true)
-                .map_err(|e| net(format!("listening at {addr}"), e))?;
-            let mut slots: Vec<Option<TcpStream>> = (1..m.world_size).map(|_| None).collect();
-            while slots.iter().any(Option::is_none) {
-                match listener.accept() {
-                    Ok((mut s, _)) => {
-                        s.set_nonblocking(false)
-                            .map_err(|e| net("a rank's connection".into(), e))?;
-                        let mut b = [0u8; 8];
-                        s.read_exact(&mut b).map_err(|e| {
-                            net("a rank connected but did not say its rank".into(), e)
-                        })?;
-                        let r = u64::from_le_bytes(b) as usize;
-                        match slots.get_mut(r.wrapping_sub(1)) {
-                            Some(slot @ None) => *slot = Some(s),
-                            _ => {
-                                return Err(Error::Backend(format!(
-                                "rank {r} joined the rendezvous at {addr} twice or is out of range"
-                            )))
-                            }
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        if Instant::now() > deadline {
-                            let missing: Vec<String> = slots
-                                .iter()
-                                .enumerate()
-                                .filter(|(_, s)| s.is_none())
-                                .map(|(i, _)| (i + 1).to_string())
-                                .collect();
-                            return Err(Error::Backend(format!(
-                                "rank(s) {} did not join the rendezvous at {addr} within {} s",
-                                missing.join(", "),
-                                RENDEZVOUS_TIMEOUT.as_secs()
-                            )));
-                        }
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
-                    Err(e) => return Err(net(format!("accepting ranks at {addr}"), e)),
-                }
-            }
-            slots.into_iter().flatten().collect()
+            accept_ranks(m, deadline)?
         } else {
-            let mut s = loop {
-                match TcpStream::connect(addr) {
-                    Ok(s) => break s,
-                    Err(e) if Instant::now() > deadline => {
-                        return Err(net(
-                            format!("rank {} cannot reach rank 0 at {addr}", m.rank),
-                            e,
-                        ))
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
-                }
-            };
-            s.write_all(&(m.rank as u64).to_le_bytes())
-                .map_err(|e| net(format!("rank {} joining at {addr}", m.rank), e))?;
-            vec![s]
+            vec![reach_rank_0(m, deadline)?]
         };
         for p in &peers {
             p.set_nodelay(true)
@@ -107,6 +62,102 @@ impl TcpCollective {
             peers,
         })
     }
+}
+
+/// Rank 0's listener at `addr`, retrying a busy port for a moment.
+fn listen(addr: &str) -> Result<TcpListener> {
+    let deadline = Instant::now() + BUSY_PORT_WAIT;
+    loop {
+        match TcpListener::bind(addr) {
+            Ok(l) => return Ok(l),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                std::thread::sleep(RETRY_EVERY)
+            }
+            Err(e) => return Err(net(format!("rank 0 cannot listen at {addr}"), e)),
+        }
+    }
+}
+
+/// Rank 0: the streams of ranks 1.. in rank order, each answered with the
+/// world size.
+fn accept_ranks(m: &Membership, deadline: Instant) -> Result<Vec<TcpStream>> {
+    let addr = &m.rendezvous;
+    let listener = listen(addr)?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| net(format!("listening at {addr}"), e))?;
+    let mut slots: Vec<Option<TcpStream>> = (1..m.world_size).map(|_| None).collect();
+    while slots.iter().any(Option::is_none) {
+        match listener.accept() {
+            Ok((mut s, _)) => {
+                s.set_nonblocking(false)
+                    .map_err(|e| net("a rank's connection".into(), e))?;
+                let mut b = [0u8; 8];
+                s.read_exact(&mut b)
+                    .map_err(|e| net("a rank connected but did not say its rank".into(), e))?;
+                let r = u64::from_le_bytes(b) as usize;
+                let Some(slot @ None) = slots.get_mut(r.wrapping_sub(1)) else {
+                    return Err(Error::Backend(format!(
+                        "rank {r} joined the rendezvous at {addr} twice or is out of range"
+                    )));
+                };
+                s.write_all(&(m.world_size as u64).to_le_bytes())
+                    .map_err(|e| net(format!("answering rank {r}"), e))?;
+                *slot = Some(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() > deadline {
+                    let missing: Vec<String> = slots
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, s)| s.is_none())
+                        .map(|(i, _)| (i + 1).to_string())
+                        .collect();
+                    return Err(Error::Backend(format!(
+                        "rank(s) {} did not join the rendezvous at {addr} within {} s",
+                        missing.join(", "),
+                        RENDEZVOUS_TIMEOUT.as_secs()
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(net(format!("accepting ranks at {addr}"), e)),
+        }
+    }
+    Ok(slots.into_iter().flatten().collect())
+}
+
+/// A rank above 0: its stream to rank 0, once rank 0 has answered with a
+/// world size equal to this rank's.
+fn reach_rank_0(m: &Membership, deadline: Instant) -> Result<TcpStream> {
+    let (addr, rank) = (&m.rendezvous, m.rank);
+    loop {
+        match greet(addr, rank, deadline) {
+            Ok((s, world)) if world == m.world_size as u64 => return Ok(s),
+            Ok((_, world)) => {
+                return Err(Error::Backend(format!(
+                    "rank 0 at {addr} runs {world} ranks but rank {rank} was started as one of {}",
+                    m.world_size
+                )))
+            }
+            Err(e) if Instant::now() > deadline => {
+                return Err(net(format!("rank {rank} cannot reach rank 0 at {addr}"), e))
+            }
+            Err(_) => std::thread::sleep(RETRY_EVERY),
+        }
+    }
+}
+
+/// One try: connect, say the rank, read rank 0's world size.
+fn greet(addr: &str, rank: usize, deadline: Instant) -> std::io::Result<(TcpStream, u64)> {
+    let mut s = TcpStream::connect(addr)?;
+    let left = deadline.saturating_duration_since(Instant::now());
+    s.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
+    s.write_all(&(rank as u64).to_le_bytes())?;
+    let mut b = [0u8; 8];
+    s.read_exact(&mut b)?;
+    s.set_read_timeout(None)?;
+    Ok((s, u64::from_le_bytes(b)))
 }
 
 /// Sends a length-prefixed block of f32 values.
