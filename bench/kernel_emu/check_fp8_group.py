@@ -9,14 +9,16 @@ Builds fp8_group.cpp with the host C++ compiler (g++ or clang++, C++20,
 and BF16 input, pow2 off and on, and awkward shapes and values (zeros, -0,
 subnormals, huge values, rounding ties), compares every direction's codes,
 scales, scale_inv and tile scale_inv, the padding (zero codes, zero
-scale_inv rows) and the amax flag. Ends with "N passed, M failed" and
-exits 1 on any failure. Only the standard library is needed.
+scale_inv rows), the amax flag and, for 128-blocks in both directions, the
+partial column sums (bit for bit, in the kernel's order). Ends with "N
+passed, M failed" and exits 1 on any failure. Only the standard library is
+needed.
 """
 import array
 import random
 import subprocess
 
-from emu_check import SHAPES, Tally, bits, cpu_quantize, setup, write_input
+from emu_check import SHAPES, Tally, bits, cpu_quantize, f32, setup, write_input
 
 
 def r16(n):
@@ -49,6 +51,24 @@ def awkward(rows, cols, seed):
 
 def f32s(path):
     return array.array("f", open(path, "rb").read())
+
+
+def block_sums(xs, rows, cols):
+    """fp8g_block2d's partial column sums: per 128-row tile, the sum over its
+    32 threads (in order) of each thread's rows t, t + 32, t + 64, t + 96 (in
+    order), each from +0 in f32, rows past the matrix adding +0."""
+    at = lambda r, c: xs[r * cols + c] if r < rows else 0.0
+    out = []
+    for tile in range((rows + 127) // 128):
+        for c in range(cols):
+            acc = 0.0
+            for t in range(32):
+                s = 0.0
+                for k in range(4):
+                    s = f32(s + at(128 * tile + t + 32 * k, c))
+                acc = f32(acc + s)
+            out.append(acc)
+    return out
 
 
 def check_dir(tmp, d, rows, cols, grouping, cpu):
@@ -125,6 +145,14 @@ def main():
                     got_flag = array.array("I", open(f"{tmp}/out.flag", "rb").read())[0]
                     if got_flag != want_flag:
                         bad.append(f"flag {got_flag:#x}, want {want_flag:#x}")
+                    got = f32s(f"{tmp}/out.sums")
+                    if grouping != "rowwise" and dirs == "both" and rows * cols:
+                        want = block_sums(xs, rows, cols)
+                        diff = next((i for i in range(len(want)) if bits(got[i]) != bits(want[i])), None)
+                        if len(got) != len(want) or diff is not None:
+                            bad.append(f"column sums: {len(got)} values, first difference at {diff}")
+                    elif len(got):
+                        bad.append("column sums written where none were asked")
                     tally.add(f"{grouping} {dtype} pow2={pow2} [{rows}, {cols}] {dirs}", bad)
             print(f"{grouping} {dtype}: {tally.so_far()} so far")
     # A NaN or an Inf reaches the flag, which the host's finite check reads.

@@ -59,14 +59,19 @@ int main(int argc, char** argv) {
     u32 flag[4] = {0, 0, 0, 0};
     const void* xp = x.data();
     const u32 R = (u32)rows, C = (u32)cols;
+    // 128-blocks in both directions also take the column sums, as the
+    // linears ask for dy's (one row of partial sums per tile row).
+    std::vector<u32> sums;
     if (!rowwise) {
         if (ext_r * ext_c > 0) {
+            if (dirs == "both") sums.assign((ext_r + 127) / 128 * cols, 0xA5A5A5A5u);
+            float* sp = sums.empty() ? nullptr : (float*)sums.data();
             const u32 tiles_x = (u32)((ext_c + 127) / 128);
             const unsigned blocks = (unsigned)(((ext_r + 127) / 128) * tiles_x);
             const Fp8gOut oc = d[0].out, orr = d[1].out;
             launch(blocks, FP8G_THREADS, [=, &flag] {
-                if (bf16) fp8g_block2d_bf16(xp, R, C, tiles_x, oc, orr, tile2d, pow2, flag);
-                else fp8g_block2d_f32(xp, R, C, tiles_x, oc, orr, tile2d, pow2, flag);
+                if (bf16) fp8g_block2d_bf16(xp, R, C, tiles_x, oc, orr, tile2d, pow2, flag, sp);
+                else fp8g_block2d_f32(xp, R, C, tiles_x, oc, orr, tile2d, pow2, flag, sp);
             });
         }
     } else {
@@ -111,5 +116,6 @@ int main(int argc, char** argv) {
         if (tile2d) write_file(p + ".blk", d[k].blk.data(), 4 * d[k].blk.size());
     }
     write_file(prefix + ".flag", flag, 4);
+    write_file(prefix + ".sums", sums.data(), 4 * sums.size());
     return 0;
 }

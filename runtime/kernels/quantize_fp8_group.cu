@@ -13,7 +13,8 @@
 //   fp8g_block2d_<in>  the tile in registers, its row and column amaxes
 //                      reduced in shared memory, the scales put as below,
 //                      then the codes of both directions as fp8g_encode2d
-//                      writes them.
+//                      writes them; when asked, the tile's column sums
+//                      (db, finished by lin_colsum_final).
 // A rowwise group is a whole row, which spans many tiles, so rowwise takes
 // two reads of the input and three kernels:
 //   fp8g_amax2d_<in>   one 64 x 64 tile per CTA: the amax of each row piece
@@ -286,12 +287,14 @@ __device__ __forceinline__ void fp8g_encode2d(const void* __restrict__ x, u32 ro
 #define FP8G_BRT (FP8G_THREADS / FP8G_BCG)  // tile rows a pass
 #define FP8G_BK (FP8G_BLOCK / FP8G_BRT)     // passes: tile rows a thread
 #define FP8G_BTW (FP8G_BLOCK / 4 + 1)       // words per row of the code tile: no bank conflicts
+#define FP8G_CSW (FP8G_BLOCK + 1)           // floats per row of the column sums in the code tile
+static_assert(FP8G_BRT * FP8G_CSW <= FP8G_BLOCK * FP8G_BTW, "the column sums fit in the code tile");
 static_assert(FP8G_THREADS == 2 * FP8G_BLOCK, "one thread per tile row and per tile column");
 
 template <class In>
 __device__ __forceinline__ void fp8g_block2d(const void* __restrict__ x, u32 rows, u32 cols, u32 tiles_x,
                                              const Fp8gOut& oc, const Fp8gOut& orr, int tile2d, int pow2,
-                                             u32* __restrict__ flag) {
+                                             u32* __restrict__ flag, float* __restrict__ sums) {
     constexpr int NV = FP8G_SEG / In::VEC;
     __shared__ u32 amax_rc[2 * FP8G_BLOCK];     // the tile's row amaxes, then its column amaxes
     __shared__ float scale_rc[2 * FP8G_BLOCK];  // their scales
@@ -311,6 +314,20 @@ __device__ __forceinline__ void fp8g_block2d(const void* __restrict__ x, u32 row
     Vec16 q[FP8G_BK][NV];
 #pragma unroll
     for (int k = 0; k < FP8G_BK; ++k) fp8g_load_raw<In>(x, rows, cols, r0 + tr + k * FP8G_BRT, c0 + tc, q[k]);
+    // With `sums` (the bias gradient of dy): column c0 + j's f32 sum over the
+    // tile's rows goes to sums[(r0 / 128) * cols + c0 + j]. Each thread adds
+    // its 4 rows in order, then thread j adds the 32 threads' sums of column
+    // j in row order, through the code tile (free until the encode).
+    float* csum = (float*)tw;
+    if (sums) {
+#pragma unroll
+        for (int j = 0; j < FP8G_SEG; ++j) {
+            float a = 0.0f;
+#pragma unroll
+            for (int k = 0; k < FP8G_BK; ++k) a += In::elem(q[k][j / In::VEC], j % In::VEC);
+            csum[tr * FP8G_CSW + tc + j] = a;
+        }
+    }
     // The amaxes: a row's over its 8 threads, a column's over its 32 (each
     // thread first takes the max of its 4 rows).
     u32 cm[FP8G_SEG];
@@ -331,6 +348,12 @@ __device__ __forceinline__ void fp8g_block2d(const void* __restrict__ x, u32 row
 #pragma unroll
     for (int j = 0; j < FP8G_SEG; ++j) atomicMax(&amax_rc[FP8G_BLOCK + tc + j], cm[j]);
     __syncthreads();
+    if (sums && t < FP8G_BLOCK && c0 + t < cols) {
+        float a = 0.0f;
+#pragma unroll 8
+        for (int i = 0; i < FP8G_BRT; ++i) a += csum[i * FP8G_CSW + t];
+        sums[(u64)(r0 / FP8G_BLOCK) * cols + c0 + t] = a;
+    }
     // The tile's amax: the flag's, and with tile2d that of every group here.
     if (t < 32) {
         u32 m = 0u;
@@ -418,8 +441,8 @@ extern "C" __global__ void __launch_bounds__(FP8G_THREADS)
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(FP8G_THREADS, 2)                                           \
         fp8g_block2d_##SUFFIX(const void* x, u32 rows, u32 cols, u32 tiles_x, Fp8gOut oc, Fp8gOut orr,      \
-                              int tile2d, int pow2, u32* flag) {                                            \
-        fp8g_block2d<IN>(x, rows, cols, tiles_x, oc, orr, tile2d, pow2, flag);                              \
+                              int tile2d, int pow2, u32* flag, float* sums) {                               \
+        fp8g_block2d<IN>(x, rows, cols, tiles_x, oc, orr, tile2d, pow2, flag, sums);                        \
     }
 
 FP8G_KERNELS(f32, InF32)

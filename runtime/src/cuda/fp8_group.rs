@@ -217,6 +217,8 @@ impl CudaContext {
     /// an amax pass and an encode pass for rowwise.
     /// Runs without waiting: [`Fp8GroupDevice::check_finite`] or a deferred
     /// check on [`Fp8GroupDevice::amax_ptr`] raises the non-finite amax.
+    /// With `column_sums`, 128-blocks also take the f32 column sums of x
+    /// (`[cols]`) on their read; rowwise gives `None` for them.
     pub fn quantize_fp8_group_2d(
         &self,
         x: &DevBuf,
@@ -224,7 +226,8 @@ impl CudaContext {
         (rows, cols): (usize, usize),
         cfg: &Fp8GroupConfig,
         dirs: [bool; 2],
-    ) -> Result<[Option<Fp8GroupDevice>; 2]> {
+        column_sums: bool,
+    ) -> Result<([Option<Fp8GroupDevice>; 2], Option<DevBuf>)> {
         let size = input_size(dtype)?;
         check_holds(
             x,
@@ -266,19 +269,29 @@ impl CudaContext {
         // The padded extents of the two directions, rows and columns.
         let ext_r = (enc[0].r_pad as usize).max(enc[1].kp as usize);
         let ext_c = (enc[0].kp as usize).max(enc[1].r_pad as usize);
-        match cfg.grouping {
+        let sums = match cfg.grouping {
             Grouping::Block128 { .. } => {
-                self.fp8_block_2d(x, dtype, (rows, cols), cfg, (ext_r, ext_c), &enc, &flag)?
+                let sums = column_sums && rows * cols > 0;
+                let partial = sums
+                    .then(|| self.alloc(4 * ext_r.div_ceil(FP8_BLOCK) * cols))
+                    .transpose()?;
+                let ext = (ext_r, ext_c);
+                self.fp8_block_2d(x, dtype, (rows, cols), cfg, ext, &enc, (&flag, &partial))?;
+                partial
+                    .map(|p| self.lin_colsum_final(&p, ext_r.div_ceil(FP8_BLOCK), cols))
+                    .transpose()?
             }
             Grouping::Rowwise => {
-                self.fp8_rowwise_2d(x, dtype, (rows, cols), &out, (ext_r, ext_c), &enc, &flag)?
+                self.fp8_rowwise_2d(x, dtype, (rows, cols), &out, (ext_r, ext_c), &enc, &flag)?;
+                None
             }
-        }
-        Ok(out)
+        };
+        Ok((out, sums))
     }
 
     /// `fp8g_block2d`: a CTA per 128 x 128 tile of the padded extents
-    /// (multiples of 128 wherever a direction has codes to write).
+    /// (multiples of 128 wherever a direction has codes to write); with
+    /// `sums`, each tile row's column sums into its row of them.
     #[allow(clippy::too_many_arguments)]
     fn fp8_block_2d(
         &self,
@@ -288,20 +301,20 @@ impl CudaContext {
         cfg: &Fp8GroupConfig,
         (ext_r, ext_c): (usize, usize),
         enc: &[Fp8gOut; 2],
-        flag: &DevBuf,
+        (flag, sums): (&DevBuf, &Option<DevBuf>),
     ) -> Result<()> {
         if ext_r * ext_c == 0 {
             return Ok(());
         }
         let name = by_dtype(dtype, "fp8g_block2d_f32", "fp8g_block2d_bf16");
         let tiles_x = u32_of(ext_c.div_ceil(FP8_BLOCK), "column tiles")?;
-        let (xp, fp) = (x.ptr(), flag.ptr());
+        let (xp, fp, sp) = (x.ptr(), flag.ptr(), sums.as_ref().map_or(0, DevBuf::ptr));
         let (r32, c32) = (rows as u32, cols as u32);
         let tile2d = matches!(cfg.grouping, Grouping::Block128 { tile2d: true }) as i32;
         let pow2 = cfg.pow2 as i32;
         // As fp8g_block2d: each direction's codes hold r_pad * kp bytes, its
         // scales and vec gpr * r_pad f32, its blk ceil(R / 128) * gpr; the
-        // grid covers [ext_r, ext_c].
+        // grid covers [ext_r, ext_c]; `sums` holds ceil(ext_r / 128) * cols f32.
         launch_kernel!(
             self,
             &QUANTIZE_FP8_GROUP,
@@ -315,7 +328,8 @@ impl CudaContext {
             &enc[1],
             &tile2d,
             &pow2,
-            &fp
+            &fp,
+            &sp
         )
     }
 

@@ -241,17 +241,20 @@ impl CudaStorage {
 
     /// The FP8 rowwise / 128-block requests of one configuration: one
     /// quantization per direction asked, shared by its operands; the amax
-    /// check deferred.
+    /// check deferred. With `column_sums`, the column sums when its pass
+    /// could take them (128-blocks).
     fn quantize_fp8_group(
         &self,
         ((rows, cols), wants): Group,
-        cfg: &Fp8GroupConfig,
+        (cfg, column_sums): (&Fp8GroupConfig, bool),
         label: &dyn Fn() -> String,
         out: &mut Slots<'_>,
-    ) -> super::Result<()> {
+    ) -> super::Result<Option<DevBuf>> {
         let ctx = self.device().context();
         let dirs = [Along::Cols, Along::Rows].map(|a| wants.iter().any(|w| w.1 == a));
-        let qs = ctx.quantize_fp8_group_2d(self.buffer(), self.dtype(), (rows, cols), cfg, dirs)?;
+        let x = self.buffer();
+        let (qs, sums) =
+            ctx.quantize_fp8_group_2d(x, self.dtype(), (rows, cols), cfg, dirs, column_sums)?;
         let qs = qs.map(|q| q.map(Arc::new));
         if let Some(q) = qs.iter().flatten().next() {
             ctx.defer_finite_check(q.amax_ptr(), label())?;
@@ -261,7 +264,7 @@ impl CudaStorage {
             let q = q.ok_or_else(|| CudaError::Invalid("FP8 group codes not written".into()))?;
             out.put(slot, CudaOperand::Fp8Group { q, along });
         }
-        Ok(())
+        Ok(sums)
     }
 
     /// One `mx_tile` pass.
@@ -415,19 +418,22 @@ impl CudaStorage {
                 _ => {}
             }
         }
+        // The column sums come with the first FP8 128-block or NVFP4 pass
+        // that can take them on its read, else from a pass of their own.
+        let mut column_sums = None;
         for cfg in fp8g {
             let group = of(&|f| *f == Format::Fp8Group(cfg));
-            self.quantize_fp8_group((dims, &group), &cfg, req.label, &mut out)?;
+            let want_sums = req.column_sums && column_sums.is_none();
+            let sums =
+                self.quantize_fp8_group((dims, &group), (&cfg, want_sums), req.label, &mut out)?;
+            column_sums = column_sums.or(sums);
         }
         for pass in mx_passes(&mx) {
             self.quantize_mx(dims, pass, &mut out)?;
         }
         // The kept copy's pass first, as the CPU quantizes it first, so that
         // a non-finite input is reported for the same copy.
-        // The column sums come with the first NVFP4 pass that can take
-        // them on its read, else from a pass of their own.
         let keep = |r: &(usize, Nvfp4Config, Along)| out.is_keep(r.0);
-        let mut column_sums = None;
         for pass in nvfp4_passes(&nvfp4, keep) {
             let want_sums = req.column_sums && column_sums.is_none();
             let sums = self.quantize_nvfp4(dims, (pass, want_sums), req.label, &mut out)?;

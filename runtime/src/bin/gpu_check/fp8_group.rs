@@ -104,9 +104,30 @@ fn same_tensor(ctx: &CudaContext, g: &Fp8GroupDevice, c: &Fp8GroupTensor) -> Res
     none_bad(bad, || "mismatch".into())
 }
 
+/// The f32 column sums of the row-major `[rows, cols]` x in the order
+/// `fp8g_block2d` takes them: in each 128-row tile, thread t < 32 adds rows
+/// t, t + 32, t + 64 and t + 96, the tile adds its 32 threads' sums in
+/// order, then the tiles add in row order; each sum from +0 and the rows
+/// past the matrix adding +0.
+fn block2d_column_sums(x: &[f32], (rows, cols): (usize, usize)) -> Vec<f32> {
+    let at = |r: usize, c: usize| if r < rows { x[r * cols + c] } else { 0.0 };
+    (0..cols)
+        .map(|c| {
+            (0..rows.div_ceil(128)).fold(0f32, |total, tile| {
+                let r0 = 128 * tile;
+                total
+                    + (0..32).fold(0f32, |acc, t| {
+                        acc + (0..4).fold(0f32, |s, k| s + at(r0 + t + 32 * k, c))
+                    })
+            })
+        })
+        .collect()
+}
+
 /// Both directions of a `[rows, cols]` matrix under `cfg`, from one call
-/// (the linears' case: one amax and one encode pass for both) and from a
-/// call per direction.
+/// (the linears' case: one amax and one encode pass for both, which for
+/// 128-blocks also takes the column sums, bit-exact in its order) and from
+/// a call per direction.
 fn compare(
     ctx: &CudaContext,
     x: &[f32],
@@ -122,9 +143,28 @@ fn compare(
         ([true, false], "alone"),
         ([false, true], "alone"),
     ] {
-        let [qc, qr] = gpu(ctx.quantize_fp8_group_2d(&xd, dtype, (rows, cols), cfg, dirs))?;
+        let sums = dirs == [true, true];
+        let ([qc, qr], got) =
+            gpu(ctx.quantize_fp8_group_2d(&xd, dtype, (rows, cols), cfg, dirs, sums))?;
         if qc.is_some() != dirs[0] || qr.is_some() != dirs[1] {
             return Err(format!("asked {dirs:?}, got other directions"));
+        }
+        let block = matches!(cfg.grouping, Grouping::Block128 { .. });
+        match got {
+            Some(s) if sums && block && rows * cols > 0 => {
+                let got = gpu(ctx.download::<f32>(&s, cols))?;
+                let want = block2d_column_sums(&x, (rows, cols));
+                if let Some(i) = (0..cols).find(|&i| !same_f32(got[i], want[i])) {
+                    return Err(format!("column sum {i}: {}, want {}", got[i], want[i]));
+                }
+            }
+            None if !(sums && block && rows * cols > 0) => {}
+            s => {
+                return Err(format!(
+                    "column sums: got {}",
+                    if s.is_some() { "some" } else { "none" }
+                ))
+            }
         }
         if let Some(qc) = qc {
             gpu(qc.check_finite(ctx, "x"))?;
@@ -151,7 +191,8 @@ fn refuses_non_finite(ctx: &CudaContext, cfg: &Fp8GroupConfig) -> Result<(), Str
         }
         let xd = gpu(ctx.upload(&x))?;
         for dirs in [[true, false], [false, true], [true, true]] {
-            let qs = gpu(ctx.quantize_fp8_group_2d(&xd, DType::F32, (rows, cols), cfg, dirs))?;
+            let (qs, _) =
+                gpu(ctx.quantize_fp8_group_2d(&xd, DType::F32, (rows, cols), cfg, dirs, false))?;
             let q = qs.iter().flatten().next().ok_or("no codes")?;
             match q.check_finite(ctx, "x") {
                 Err(e) if e.to_string().contains("non-finite amax") => {}
@@ -225,8 +266,8 @@ fn scaled_gemm(
     let (a, b) = (spread(m, k, 7), spread(n, k, 8));
     let q = |x: &[f32], rows, cfg: &Fp8GroupConfig| -> Result<Fp8GroupDevice, String> {
         let xd = gpu(ctx.upload(x))?;
-        let [q, _] =
-            gpu(ctx.quantize_fp8_group_2d(&xd, DType::F32, (rows, k), cfg, [true, false]))?;
+        let ([q, _], _) =
+            gpu(ctx.quantize_fp8_group_2d(&xd, DType::F32, (rows, k), cfg, [true, false], false))?;
         q.ok_or_else(|| "no codes".to_string())
     };
     let (qa, qb) = (q(&a, m, &ca)?, q(&b, n, &cb)?);
