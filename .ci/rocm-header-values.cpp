@@ -27,7 +27,7 @@ int main() {
     V(HIPBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0);
     V(HIPBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F);
     V(HIPBLAS_COMPUTE_32F); V(HIPBLAS_OP_N); V(HIPBLAS_OP_T);
-    V(HIPBLASLT_EPILOGUE_BIAS);
+    V(HIPBLASLT_EPILOGUE_BIAS); V(HIPBLASLT_POINTER_MODE_DEVICE);
     N("sizeof(hipblasLtMatmulHeuristicResult_t)", sizeof(hipblasLtMatmulHeuristicResult_t));
     N("sizeof(hipblasLtMatmulAlgo_t)", sizeof(hipblasLtMatmulAlgo_t));
     N("hipblasLtMatmulHeuristicResult_t.state", offsetof(hipblasLtMatmulHeuristicResult_t, state));
@@ -38,5 +38,6 @@ int main() {
     V(HIPBLASLT_MATMUL_DESC_BIAS_DATA_TYPE);
     V(HIPBLASLT_MATMUL_DESC_A_SCALE_POINTER); V(HIPBLASLT_MATMUL_DESC_B_SCALE_POINTER);
     V(HIPBLASLT_MATMUL_DESC_A_SCALE_MODE); V(HIPBLASLT_MATMUL_DESC_B_SCALE_MODE);
+    V(HIPBLASLT_MATMUL_DESC_POINTER_MODE);
     return 0;
 }

@@ -8,6 +8,9 @@
 //   lin_epilogue   crop of a padded f32 GEMM result, times an optional pair
 //                  of per-tensor scales, plus an optional f32 bias, written
 //                  as f32 or BF16
+//   lin_scale_pair [alpha, 0] with alpha = fl32(scale_a * scale_b), the
+//                  factor lin_epilogue applies, for a GEMM that applies it
+//                  itself (reading alpha and beta on the device)
 //   lin_colsum_*   db = column sums of dy in f32 (two passes over row chunks)
 //
 // Every conversion is exact except the BF16 casts (round to nearest even,
@@ -187,6 +190,11 @@ extern "C" __global__ void lin_colsum_partial(const void* x, int in_kind, float*
 }
 
 // Pass 2: out[c] = sum over chunks of partial[chunk][c], in chunk order.
+extern "C" __global__ void lin_scale_pair(const float* scale_a, const float* scale_b, float* out) {
+    out[0] = scale_a[0] * scale_b[0];
+    out[1] = 0.0f;
+}
+
 extern "C" __global__ void lin_colsum_final(const float* partial, float* out, u32 chunks, u32 cols) {
     const u32 c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;

@@ -100,6 +100,9 @@ pub(crate) struct MatmulArgs {
     pub(crate) workspace: u64,
     pub(crate) workspace_bytes: usize,
     pub(crate) stream: Handle,
+    /// Device f32 `[alpha, 0]` where the plan reads alpha and beta on the
+    /// device; `None`: alpha = 1 and beta = 0 from the host.
+    pub(crate) alpha: Option<u64>,
 }
 
 /// The BLAS library of a platform: cuBLASLt or hipBLASLt.

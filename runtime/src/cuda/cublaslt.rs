@@ -152,6 +152,10 @@ impl BlasLib for CuBlasLt {
                 &(b_mode as u32),
             )?;
         }
+        if key.device_alpha {
+            let mode = sys::cublasLtPointerMode_t::CUBLASLT_POINTER_MODE_DEVICE as i32;
+            set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_POINTER_MODE, &mode)?;
+        }
         if let Some(bias) = shape.bias {
             let epilogue = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS as u32;
             set_desc(plan.desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue)?;
@@ -214,7 +218,14 @@ impl BlasLib for CuBlasLt {
     }
 
     unsafe fn matmul(&self, plan: &Plan, args: &MatmulArgs) -> Result<()> {
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let host = [1.0f32, 0.0f32];
+        let (alpha, beta) = match args.alpha {
+            Some(p) => (p as *const c_void, (p + 4) as *const c_void),
+            None => (
+                host.as_ptr() as *const c_void,
+                host[1..].as_ptr() as *const c_void,
+            ),
+        };
         let [a, b, d] = plan.layouts.map(|h| h as sys::cublasLtMatrixLayout_t);
         let algo = sys::cublasLtMatmulAlgo_t { data: plan.algo };
         // SAFETY: as the caller promised.
@@ -222,8 +233,8 @@ impl BlasLib for CuBlasLt {
             lt::matmul(
                 self.handle,
                 plan.desc as sys::cublasLtMatmulDesc_t,
-                &alpha as *const f32 as *const c_void,
-                &beta as *const f32 as *const c_void,
+                alpha,
+                beta,
                 args.a,
                 a,
                 args.b,

@@ -239,6 +239,10 @@ pub struct GemmSpec<'a> {
     pub y: MatLayout,
     /// A bias added to every row of y in the epilogue, if any.
     pub bias: Option<GemmBias<'a>>,
+    /// Device f32 `[alpha, 0]`: y = alpha · (a · b^T) (+ bias), alpha read
+    /// on the device (the library's device pointer mode), for a scale known
+    /// only there, as NVFP4's fl32(t_a · t_b). `None`: alpha = 1.
+    pub alpha: Option<&'a DevBuf>,
 }
 
 impl GemmSpec<'_> {
@@ -254,6 +258,7 @@ impl GemmSpec<'_> {
             b: MatLayout::packed(n, k),
             y: MatLayout::packed(m, n),
             bias: None,
+            alpha: None,
         }
     }
 
@@ -287,6 +292,8 @@ pub(crate) struct PlanKey {
     /// Byte alignment of every matrix start of a, b and y.
     align: [u32; 3],
     pub(crate) bias: Option<GemmDType>,
+    /// Alpha and beta are device pointers ([`GemmSpec::alpha`]).
+    pub(crate) device_alpha: bool,
 }
 
 impl PlanKey {
@@ -466,6 +473,7 @@ impl CudaContext {
             workspace: blas.workspace.ptr(),
             workspace_bytes: WORKSPACE_BYTES,
             stream: self.stream_handle(),
+            alpha: spec.alpha.map(DevBuf::ptr),
         };
         // SAFETY: the layouts describe ranges of the buffers checked by
         // `validate`; the workspace outlives the call (it is freed only with
@@ -535,6 +543,9 @@ fn validate(
     }
     if spec.y.transposed {
         return Err("y cannot be transposed (swap a and b instead)".into());
+    }
+    if spec.alpha.is_some_and(|a| a.len_bytes() < 8) {
+        return Err("alpha must point at two f32 values, alpha and 0".into());
     }
     if fp8 {
         if m % 16 != 0 || n % 16 != 0 || k % 16 != 0 {
@@ -690,6 +701,7 @@ fn plan_key(
         layouts: [la, lb, ly],
         align,
         bias: spec.bias.map(|b| b.dtype),
+        device_alpha: spec.alpha.is_some(),
     }
 }
 
@@ -717,6 +729,7 @@ mod tests {
             ],
             align: [16, 32, 256],
             bias: None,
+            device_alpha: false,
         }
     }
 

@@ -244,6 +244,21 @@ impl CudaContext {
         Ok(dst)
     }
 
+    /// `[fl32(scale_a * scale_b), 0]` on the device (f32 pointers): the
+    /// alpha and beta of a GEMM that applies the scales itself.
+    fn lin_scale_pair(&self, (sa, sb): (u64, u64)) -> Result<DevBuf> {
+        let out = self.alloc(8)?;
+        let op = out.ptr();
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // `sa` and `sb` point at one f32 each, `out` holds two.
+        launch_kernel!(self, &LINEAR_OPS, "lin_scale_pair", cfg, &sa, &sb, &op)?;
+        Ok(out)
+    }
+
     /// Column sums of `[rows, cols]` in f32.
     pub(super) fn lin_colsum(
         &self,
@@ -331,9 +346,11 @@ impl CudaContext {
     /// a crop to `[rows, cols]`, written as `out`. The bias goes into the
     /// GEMM's epilogue (f32 accumulator + f32 bias, rounded once) when the
     /// result needs nothing else and cuBLASLt fuses an f32 bias for the
-    /// types ([`fuses_f32_bias`]: BF16 operands, f32 output); otherwise an
-    /// f32 result goes through `lin_epilogue`, which adds the bias and
-    /// rounds once, as the CPU does.
+    /// types ([`fuses_f32_bias`]: BF16 operands, f32 output); the scales of
+    /// BF16 operands become the GEMM's alpha, read on the device
+    /// (`lin_scale_pair`), where nothing else is left to do. Otherwise an
+    /// f32 result goes through `lin_epilogue`, which scales, adds the bias
+    /// and rounds once, as the CPU does.
     pub(super) fn lin_gemm<'a>(
         &self,
         a: &Operand,
@@ -355,18 +372,38 @@ impl CudaContext {
                 buf,
                 dtype: GemmDType::F32,
             }),
+            alpha: None,
         };
         let (rows, cols) = post.crop.unwrap_or((m, n));
         // f32 operands write f32: a BF16 result goes through the epilogue.
         let direct = a.op.dtype != GemmDType::F32 || out == Out::F32;
+        let fused_bias = post.bias.is_none() || fuses_f32_bias(a.op.dtype, gemm_out(out));
         if direct && post.scales.is_none() && (rows, cols) == (m, n) {
-            if post.bias.is_none() || fuses_f32_bias(a.op.dtype, gemm_out(out)) {
+            if fused_bias {
                 let y = self.alloc(m * n * out.size())?;
                 self.gemm(&a.op, &b.op, &spec(post.bias), &y, gemm_out(out))?;
                 return Ok(y);
             }
             // No fused f32 bias for these types: it is added below.
             BIAS_FALLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        if let (Some(scales), true) = (post.scales, direct && fused_bias) {
+            if a.op.dtype == GemmDType::Bf16 && (rows, cols) == (m, n) {
+                let alpha = self.lin_scale_pair(scales)?;
+                let y = self.alloc(m * n * out.size())?;
+                let spec = GemmSpec {
+                    alpha: Some(&alpha),
+                    ..spec(post.bias)
+                };
+                match self.gemm(&a.op, &b.op, &spec, &y, gemm_out(out)) {
+                    Ok(()) => return Ok(y),
+                    // No algorithm reads alpha on the device: scaled below.
+                    Err(CudaError::Blas(_)) => {
+                        SCALE_FALLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
         }
         let acc = self.alloc(m * n * 4)?;
         self.gemm(&a.op, &b.op, &spec(None), &acc, GemmDType::F32)?;
@@ -376,6 +413,17 @@ impl CudaContext {
 
 /// Forward GEMMs whose bias cuBLASLt could not fuse (see [`bias_fallbacks`]).
 static BIAS_FALLBACKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// GEMMs of scaled BF16 operands whose scales the library could not take as
+/// a device alpha (see [`scale_fallbacks`]).
+static SCALE_FALLBACKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many GEMMs since the process started applied their tensor scales in
+/// `lin_epilogue` because the BLAS library had no algorithm with a device
+/// alpha for them.
+pub fn scale_fallbacks() -> usize {
+    SCALE_FALLBACKS.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 /// How many forward GEMMs since the process started added their bias in a
 /// second pass because cuBLASLt has no fused f32 bias for their types.

@@ -54,7 +54,7 @@ pub use alloc::{DevBuf, PoolStats};
 pub use context::{CudaContext, DeviceInfo, GpuFunction, GpuTimer};
 pub use fp8_group::{fp8_group_fallbacks, Fp8GroupDevice};
 pub use gemm::{GemmDType, GemmOperand};
-pub use lin_kernels::bias_fallbacks;
+pub use lin_kernels::{bias_fallbacks, scale_fallbacks};
 pub use nvfp4::{Nvfp4Device, Nvfp4Outputs};
 pub use operand::CudaOperand;
 pub use quantize::{DequantLayout, Fp8Device, Fp8Device2d, Fp8Outputs, MxDevice};

@@ -263,6 +263,13 @@ impl BlasLib for HipBlasLtLib {
             };
             self.set_desc(desc, matmul_desc::TRANSA, &op(shape.trans_a))?;
             self.set_desc(desc, matmul_desc::TRANSB, &op(shape.trans_b))?;
+            if key.device_alpha {
+                self.set_desc(
+                    desc,
+                    matmul_desc::POINTER_MODE,
+                    &consts::HIPBLASLT_POINTER_MODE_DEVICE,
+                )?;
+            }
             if let Some(bias) = shape.bias {
                 let t = hip_type(self.arch, bias).expect("validated bias type");
                 self.set_desc(
@@ -299,19 +306,26 @@ impl BlasLib for HipBlasLtLib {
     }
 
     unsafe fn matmul(&self, plan: &Plan, args: &MatmulArgs) -> Result<()> {
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let host = [1.0f32, 0.0f32];
+        let (alpha, beta) = match args.alpha {
+            Some(p) => (p as *const c_void, (p + 4) as *const c_void),
+            None => (
+                host.as_ptr() as *const c_void,
+                host[1..].as_ptr() as *const c_void,
+            ),
+        };
         let [a, b, d] = plan.layouts;
         // SAFETY: as the caller promised; C and D share a layout (beta = 0).
         check("hipblasLtMatmul", unsafe {
             (self.lt.matmul)(
                 self.handle,
                 plan.desc,
-                &alpha as *const f32 as *const c_void,
+                alpha,
                 args.a,
                 a,
                 args.b,
                 b,
-                &beta as *const f32 as *const c_void,
+                beta,
                 args.d,
                 d,
                 args.d as *mut c_void,

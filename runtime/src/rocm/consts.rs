@@ -75,6 +75,9 @@ pub const HIPBLAS_OP_N: i32 = 111;
 pub const HIPBLAS_OP_T: i32 = 112;
 /// `hipblasLtEpilogue_t` `HIPBLASLT_EPILOGUE_BIAS`.
 pub const HIPBLASLT_EPILOGUE_BIAS: i32 = 4;
+/// `hipblasLtPointerMode_t` `HIPBLASLT_POINTER_MODE_DEVICE`: alpha and beta
+/// are device pointers.
+pub const HIPBLASLT_POINTER_MODE_DEVICE: i32 = 1;
 
 /// `hipblasLtMatmulHeuristicResult_t`: its size, with the algorithm
 /// (`hipblasLtMatmulAlgo_t`, 24 bytes) first and the status at `STATE`.
@@ -119,6 +122,8 @@ pub mod matmul_desc {
     pub const A_SCALE_MODE: u32 = 31;
     /// `HIPBLASLT_MATMUL_DESC_B_SCALE_MODE`.
     pub const B_SCALE_MODE: u32 = 32;
+    /// `HIPBLASLT_MATMUL_DESC_POINTER_MODE` (`hipblasLtPointerMode_t`).
+    pub const POINTER_MODE: u32 = 13;
 }
 
 /// Every value above by its name in the headers, as
@@ -171,6 +176,10 @@ pub const HEADER_VALUES: &[(&str, i64)] = &[
     ("HIPBLAS_OP_T", HIPBLAS_OP_T as i64),
     ("HIPBLASLT_EPILOGUE_BIAS", HIPBLASLT_EPILOGUE_BIAS as i64),
     (
+        "HIPBLASLT_POINTER_MODE_DEVICE",
+        HIPBLASLT_POINTER_MODE_DEVICE as i64,
+    ),
+    (
         "sizeof(hipblasLtMatmulHeuristicResult_t)",
         heuristic::SIZE as i64,
     ),
@@ -220,6 +229,10 @@ pub const HEADER_VALUES: &[(&str, i64)] = &[
     (
         "HIPBLASLT_MATMUL_DESC_B_SCALE_MODE",
         matmul_desc::B_SCALE_MODE as i64,
+    ),
+    (
+        "HIPBLASLT_MATMUL_DESC_POINTER_MODE",
+        matmul_desc::POINTER_MODE as i64,
     ),
 ];
 

@@ -138,6 +138,7 @@ fn gemm_case(ctx: &CudaContext, c: &GemmCase, seed: u64) -> std::result::Result<
         bias: biasbuf
             .as_ref()
             .map(|(buf, dtype)| GemmBias { buf, dtype: *dtype }),
+        alpha: None,
     };
     let op = |buf, i| GemmOperand {
         buf,

@@ -1,7 +1,9 @@
 //! Speed of the quantized linear on the GPU: fwd + bwd with BF16
 //! activations, one `BENCH linear` line per recipe and shape.
 
-use mxswitch_runtime::cuda::{bias_fallbacks, fp8_group_fallbacks, CudaDevice, CudaStorage};
+use mxswitch_runtime::cuda::{
+    bias_fallbacks, fp8_group_fallbacks, scale_fallbacks, CudaDevice, CudaStorage,
+};
 use mxswitch_runtime::qlinear::{self, LinearCall, LinearCtx, LinearShape};
 use mxswitch_runtime::recipe::{Recipe, RecipeKind};
 use mxswitch_runtime::DType;
@@ -69,10 +71,13 @@ fn run(dev: &CudaDevice, shapes: &[LinearShape], recipes: &[Recipe]) -> Result<(
         );
         for r in recipes {
             for (bias, tag) in [(Some(&b), "linear"), (None, "linear_nobias")] {
-                let before = (bias_fallbacks(), fp8_group_fallbacks());
+                let before = (bias_fallbacks(), fp8_group_fallbacks(), scale_fallbacks());
                 let ms = time_recipe(dev, r, s, (&x, &w, bias, &dy), 20)?;
                 if bias_fallbacks() != before.0 {
                     println!("  ({r}: bias added after the GEMM, not in its epilogue)");
+                }
+                if scale_fallbacks() != before.2 {
+                    println!("  ({r}: tensor scales applied after the GEMM, not as its alpha)");
                 }
                 if fp8_group_fallbacks() != before.1 {
                     println!("  ({r}: some GEMMs ran on dequantized f32 values, not scaled FP8)");

@@ -144,6 +144,7 @@ impl CudaStorage {
             b,
             y: MatLayout::packed(m, n),
             bias: None,
+            alpha: None,
         };
         self.ctx()
             .gemm(
