@@ -105,6 +105,24 @@ pub(crate) struct MatmulArgs {
     pub(crate) alpha: Option<u64>,
 }
 
+/// Alpha = 1 and beta = 0 on the host.
+static HOST_ALPHA_BETA: [f32; 2] = [1.0, 0.0];
+
+impl MatmulArgs {
+    /// The alpha and beta pointers of the call: the device pair of
+    /// [`MatmulArgs::alpha`], else 1 and 0 on the host.
+    pub(crate) fn alpha_beta(&self) -> (*const c_void, *const c_void) {
+        let (a, b) = match self.alpha {
+            Some(p) => (p as *const c_void, (p + 4) as *const c_void),
+            None => (
+                &HOST_ALPHA_BETA[0] as *const f32 as *const c_void,
+                &HOST_ALPHA_BETA[1] as *const f32 as *const c_void,
+            ),
+        };
+        (a, b)
+    }
+}
+
 /// The BLAS library of a platform: cuBLASLt or hipBLASLt.
 pub(crate) trait BlasLib: Send {
     /// For messages.

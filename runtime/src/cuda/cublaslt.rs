@@ -218,14 +218,7 @@ impl BlasLib for CuBlasLt {
     }
 
     unsafe fn matmul(&self, plan: &Plan, args: &MatmulArgs) -> Result<()> {
-        let host = [1.0f32, 0.0f32];
-        let (alpha, beta) = match args.alpha {
-            Some(p) => (p as *const c_void, (p + 4) as *const c_void),
-            None => (
-                host.as_ptr() as *const c_void,
-                host[1..].as_ptr() as *const c_void,
-            ),
-        };
+        let (alpha, beta) = args.alpha_beta();
         let [a, b, d] = plan.layouts.map(|h| h as sys::cublasLtMatrixLayout_t);
         let algo = sys::cublasLtMatmulAlgo_t { data: plan.algo };
         // SAFETY: as the caller promised.

@@ -306,14 +306,7 @@ impl BlasLib for HipBlasLtLib {
     }
 
     unsafe fn matmul(&self, plan: &Plan, args: &MatmulArgs) -> Result<()> {
-        let host = [1.0f32, 0.0f32];
-        let (alpha, beta) = match args.alpha {
-            Some(p) => (p as *const c_void, (p + 4) as *const c_void),
-            None => (
-                host.as_ptr() as *const c_void,
-                host[1..].as_ptr() as *const c_void,
-            ),
-        };
+        let (alpha, beta) = args.alpha_beta();
         let [a, b, d] = plan.layouts;
         // SAFETY: as the caller promised; C and D share a layout (beta = 0).
         check("hipblasLtMatmul", unsafe {
