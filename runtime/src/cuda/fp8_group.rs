@@ -271,14 +271,15 @@ impl CudaContext {
         let ext_c = (enc[0].kp as usize).max(enc[1].r_pad as usize);
         let sums = match cfg.grouping {
             Grouping::Block128 { .. } => {
-                let sums = column_sums && rows * cols > 0;
-                let partial = sums
-                    .then(|| self.alloc(4 * ext_r.div_ceil(FP8_BLOCK) * cols))
+                // One row of partial sums per tile row.
+                let tile_rows = ext_r.div_ceil(FP8_BLOCK);
+                let partial = (column_sums && rows * cols > 0)
+                    .then(|| self.alloc(4 * tile_rows * cols))
                     .transpose()?;
                 let ext = (ext_r, ext_c);
                 self.fp8_block_2d(x, dtype, (rows, cols), cfg, ext, &enc, (&flag, &partial))?;
                 partial
-                    .map(|p| self.lin_colsum_final(&p, ext_r.div_ceil(FP8_BLOCK), cols))
+                    .map(|p| self.lin_colsum_final(&p, tile_rows, cols))
                     .transpose()?
             }
             Grouping::Rowwise => {

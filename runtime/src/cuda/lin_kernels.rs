@@ -378,31 +378,28 @@ impl CudaContext {
         // f32 operands write f32: a BF16 result goes through the epilogue.
         let direct = a.op.dtype != GemmDType::F32 || out == Out::F32;
         let fused_bias = post.bias.is_none() || fuses_f32_bias(a.op.dtype, gemm_out(out));
-        if direct && post.scales.is_none() && (rows, cols) == (m, n) {
-            if fused_bias {
-                let y = self.alloc(m * n * out.size())?;
-                self.gemm(&a.op, &b.op, &spec(post.bias), &y, gemm_out(out))?;
-                return Ok(y);
-            }
+        let whole = (rows, cols) == (m, n);
+        if direct && whole && post.scales.is_none() && !fused_bias {
             // No fused f32 bias for these types: it is added below.
             BIAS_FALLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        if let (Some(scales), true) = (post.scales, direct && fused_bias) {
-            if a.op.dtype == GemmDType::Bf16 && (rows, cols) == (m, n) {
-                let alpha = self.lin_scale_pair(scales)?;
-                let y = self.alloc(m * n * out.size())?;
-                let spec = GemmSpec {
-                    alpha: Some(&alpha),
-                    ..spec(post.bias)
-                };
-                match self.gemm(&a.op, &b.op, &spec, &y, gemm_out(out)) {
-                    Ok(()) => return Ok(y),
-                    // No algorithm reads alpha on the device: scaled below.
-                    Err(CudaError::Blas(_)) => {
-                        SCALE_FALLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    Err(e) => return Err(e),
+        // One GEMM when nothing is left after it; the scales of BF16
+        // operands become its alpha, read on the device.
+        let alpha_ok = post.scales.is_none() || a.op.dtype == GemmDType::Bf16;
+        if direct && whole && fused_bias && alpha_ok {
+            let alpha = post.scales.map(|s| self.lin_scale_pair(s)).transpose()?;
+            let y = self.alloc(m * n * out.size())?;
+            let spec = GemmSpec {
+                alpha: alpha.as_ref(),
+                ..spec(post.bias)
+            };
+            match self.gemm(&a.op, &b.op, &spec, &y, gemm_out(out)) {
+                Ok(()) => return Ok(y),
+                // No algorithm reads alpha on the device: scaled below.
+                Err(CudaError::Blas(_)) if alpha.is_some() => {
+                    SCALE_FALLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
+                Err(e) => return Err(e),
             }
         }
         let acc = self.alloc(m * n * 4)?;
