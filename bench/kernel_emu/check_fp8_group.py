@@ -18,7 +18,7 @@ import array
 import random
 import subprocess
 
-from emu_check import SHAPES, Tally, bits, cpu_quantize, f32, setup, write_input
+from emu_check import SHAPES, Tally, bits, chunk_sums, cpu_quantize, setup, write_input
 
 
 def r16(n):
@@ -54,21 +54,9 @@ def f32s(path):
 
 
 def block_sums(xs, rows, cols):
-    """fp8g_block2d's partial column sums: per 128-row tile, the sum over its
-    32 threads (in order) of each thread's rows t, t + 32, t + 64, t + 96 (in
-    order), each from +0 in f32, rows past the matrix adding +0."""
-    at = lambda r, c: xs[r * cols + c] if r < rows else 0.0
-    out = []
-    for tile in range((rows + 127) // 128):
-        for c in range(cols):
-            acc = 0.0
-            for t in range(32):
-                s = 0.0
-                for k in range(4):
-                    s = f32(s + at(128 * tile + t + 32 * k, c))
-                acc = f32(acc + s)
-            out.append(acc)
-    return out
+    """fp8g_block2d's partial column sums: per 128-row tile, its 32 threads
+    in order, each thread's rows t, t + 32, t + 64, t + 96 in order."""
+    return chunk_sums(xs, rows, cols, [[t + 32 * k for k in range(4)] for t in range(32)])
 
 
 def check_dir(tmp, d, rows, cols, grouping, cpu):

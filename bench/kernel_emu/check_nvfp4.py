@@ -17,7 +17,7 @@ standard library is needed.
 import array
 import subprocess
 
-from emu_check import SHAPES, E2M1, Tally, bits, cpu_quantize, e4m3, f32, setup, values, write_input
+from emu_check import SHAPES, E2M1, Tally, bits, chunk_sums, cpu_quantize, e4m3, f32, setup, values, write_input
 
 # (tile2d, Hadamard along the columns, along the rows, stochastic rounding, amax pass)
 CONFIGS = [(0, 0, 0, 0, "auto"), (0, 0, 1, 0, "auto"), (0, 0, 1, 1, "auto"), (1, 0, 0, 0, "auto"),
@@ -49,21 +49,9 @@ def tensor_amax(xs, rows, cols, d, hadamard):
 
 
 def partial_sums(xs, rows, cols):
-    """nvfp4_amax's partial column sums: per 128 rows, the sum over its 8
-    warps (in order) of each warp's sum of 16 rows (in order), each from +0
-    in f32, rows past the matrix adding +0."""
-    out = []
-    for cta in range((rows + 127) // 128):
-        for c in range(cols):
-            acc = 0.0
-            for w in range(8):
-                s = 0.0
-                for i in range(16):
-                    r = 128 * cta + 16 * w + i
-                    s = f32(s + (xs[r * cols + c] if r < rows else 0.0))
-                acc = f32(acc + s)
-            out.append(acc)
-    return out
+    """nvfp4_amax's partial column sums: per 128 rows, its 8 warps in order,
+    each warp's 16 rows in order."""
+    return chunk_sums(xs, rows, cols, [[16 * w + i for i in range(16)] for w in range(8)])
 
 
 def check_dir(tmp, d, rows, cols, xs, hadamard, cpu):

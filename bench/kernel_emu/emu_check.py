@@ -27,6 +27,25 @@ def f32(v):
     return array.array("f", [v])[0]
 
 
+def chunk_sums(xs, rows, cols, groups):
+    """The partial column sums of the row-major [rows, cols] xs as a kernel
+    takes them: per 128-row chunk and column, the sum over `groups` (in
+    order) of each group's sum over its row offsets in the chunk (in order),
+    each from +0 in f32; rows past the matrix add +0."""
+    out = []
+    for chunk in range((rows + 127) // 128):
+        for c in range(cols):
+            acc = 0.0
+            for g in groups:
+                s = 0.0
+                for i in g:
+                    r = 128 * chunk + i
+                    s = f32(s + (xs[r * cols + c] if r < rows else 0.0))
+                acc = f32(acc + s)
+            out.append(acc)
+    return out
+
+
 def bf16_bits(v):
     """Round-to-nearest-even f32 -> BF16 bits of a finite f32 value."""
     b = bits(v)

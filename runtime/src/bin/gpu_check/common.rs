@@ -163,6 +163,30 @@ pub fn normal_data(n: usize, seed: u64, scale: f64) -> Vec<f32> {
     normal_chunks(n, 1 << 16, seed, |_| scale)
 }
 
+/// The f32 column sums of the row-major `[rows, cols]` x in the order a
+/// kernel takes them: per 128-row chunk, the sum over `groups.0` groups (in
+/// order) of each group's sum over `groups.1` rows (in order), the i-th row
+/// of group g at offset `row(g, i)` in the chunk; then the chunks in row
+/// order (`lin_colsum_final`). Each sum from +0; rows past the matrix add +0.
+pub fn chunked_column_sums(
+    x: &[f32],
+    (rows, cols): (usize, usize),
+    groups: (usize, usize),
+    row: impl Fn(usize, usize) -> usize,
+) -> Vec<f32> {
+    let at = |r: usize, c: usize| if r < rows { x[r * cols + c] } else { 0.0 };
+    (0..cols)
+        .map(|c| {
+            (0..rows.div_ceil(128)).fold(0f32, |total, chunk| {
+                total
+                    + (0..groups.0).fold(0f32, |acc, g| {
+                        acc + (0..groups.1).fold(0f32, |s, i| s + at(128 * chunk + row(g, i), c))
+                    })
+            })
+        })
+        .collect()
+}
+
 /// Same f32, every NaN equal to every NaN (payloads are not specified).
 pub fn same_f32(a: f32, b: f32) -> bool {
     (a.is_nan() && b.is_nan()) || a.to_bits() == b.to_bits()

@@ -12,7 +12,9 @@ use mxswitch_runtime::quant::{
 };
 use mxswitch_runtime::DType;
 
-use crate::common::{device_input, dtype_name, first_diff, gpu, none_bad, same_f32, Report, Rng};
+use crate::common::{
+    chunked_column_sums, device_input, dtype_name, first_diff, gpu, none_bad, same_f32, Report, Rng,
+};
 use crate::gemm::{gemm_entries, reference};
 
 /// Every configuration the recipes and options reach.
@@ -104,24 +106,11 @@ fn same_tensor(ctx: &CudaContext, g: &Fp8GroupDevice, c: &Fp8GroupTensor) -> Res
     none_bad(bad, || "mismatch".into())
 }
 
-/// The f32 column sums of the row-major `[rows, cols]` x in the order
-/// `fp8g_block2d` takes them: in each 128-row tile, thread t < 32 adds rows
-/// t, t + 32, t + 64 and t + 96, the tile adds its 32 threads' sums in
-/// order, then the tiles add in row order; each sum from +0 and the rows
-/// past the matrix adding +0.
-fn block2d_column_sums(x: &[f32], (rows, cols): (usize, usize)) -> Vec<f32> {
-    let at = |r: usize, c: usize| if r < rows { x[r * cols + c] } else { 0.0 };
-    (0..cols)
-        .map(|c| {
-            (0..rows.div_ceil(128)).fold(0f32, |total, tile| {
-                let r0 = 128 * tile;
-                total
-                    + (0..32).fold(0f32, |acc, t| {
-                        acc + (0..4).fold(0f32, |s, k| s + at(r0 + t + 32 * k, c))
-                    })
-            })
-        })
-        .collect()
+/// The f32 column sums of x in the order `fp8g_block2d` takes them: in
+/// each 128-row tile, thread t < 32 adds rows t, t + 32, t + 64 and t + 96,
+/// the tile adds its 32 threads' sums in order.
+fn block2d_column_sums(x: &[f32], dims: (usize, usize)) -> Vec<f32> {
+    chunked_column_sums(x, dims, (32, 4), |t, k| t + 32 * k)
 }
 
 /// Both directions of a `[rows, cols]` matrix under `cfg`, from one call

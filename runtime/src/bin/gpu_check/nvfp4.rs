@@ -17,7 +17,8 @@ use mxswitch_runtime::quant::{quantize_nvfp4, quantize_nvfp4_rows, Nvfp4Config, 
 use mxswitch_runtime::{DType, Error};
 
 use crate::common::{
-    device_input, dtype_name, first_diff, gpu, none_bad, same_f32, Cases, Report, Rng,
+    chunked_column_sums, device_input, dtype_name, first_diff, gpu, none_bad, same_f32, Cases,
+    Report, Rng,
 };
 use crate::mx::{hex, SR_KEY};
 
@@ -215,22 +216,10 @@ fn compare_nv(
     check_dir(ctx, &g, x, dims, along, cfg)
 }
 
-/// The f32 column sums of the row-major `[rows, cols]` x in the order
-/// `nvfp4_amax` takes them: 16 rows a thread, the 8 warps of a CTA (128
-/// rows), then the CTAs in row order, each sum from +0 and the rows past the
-/// matrix adding +0.
-fn amax_pass_column_sums(x: &[f32], (rows, cols): (usize, usize)) -> Vec<f32> {
-    let at = |r: usize, c: usize| if r < rows { x[r * cols + c] } else { 0.0 };
-    (0..cols)
-        .map(|c| {
-            (0..rows.div_ceil(128)).fold(0f32, |total, cta| {
-                let warps = (0..8).fold(0f32, |acc, w| {
-                    acc + (0..16).fold(0f32, |s, i| s + at(128 * cta + 16 * w + i, c))
-                });
-                total + warps
-            })
-        })
-        .collect()
+/// The f32 column sums of x in the order `nvfp4_amax` takes them: 16 rows
+/// a thread, then the 8 warps of a CTA (128 rows) in order.
+fn amax_pass_column_sums(x: &[f32], dims: (usize, usize)) -> Vec<f32> {
+    chunked_column_sums(x, dims, (8, 16), |w, i| 16 * w + i)
 }
 
 /// Both directions from one pass (`c` along the columns, `r` along the
