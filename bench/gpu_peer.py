@@ -102,7 +102,10 @@ def num(s):
 
 
 QUANT_RE = re.compile(r"^\s*BENCH quantize (\S+) elems=(\d+) ms=(\S+) gbps=(\S+) copy_ratio=(\S+)", re.M)
-LINEAR_RE = re.compile(r"^\s*BENCH linear (.+?) M=(\d+) K=(\d+) N=(\d+) ms=(\S+) tflops=(\S+)", re.M)
+# ms: runs back to back, as torch's are timed; idle_ms (newer binaries):
+# each run from an idle device.
+LINEAR_RE = re.compile(
+    r"^\s*BENCH linear (.+?) M=(\d+) K=(\d+) N=(\d+) ms=(\S+) tflops=(\S+)(?: idle_ms=(\S+))?", re.M)
 
 
 def parse_quant(text):
@@ -114,10 +117,11 @@ def parse_quant(text):
 
 
 def parse_linear(text):
-    """(recipe, M, K, N) -> {ms, tflops} from `BENCH linear` lines (last one wins)."""
+    """(recipe, M, K, N) -> {ms, tflops, idle_ms} from `BENCH linear` lines (last one wins)."""
     out = {}
-    for recipe, m, k, n, ms, tf in LINEAR_RE.findall(text):
-        out[(recipe.strip(), int(m), int(k), int(n))] = {"ms": num(ms), "tflops": num(tf)}
+    for recipe, m, k, n, ms, tf, idle in LINEAR_RE.findall(text):
+        out[(recipe.strip(), int(m), int(k), int(n))] = {
+            "ms": num(ms), "tflops": num(tf), "idle_ms": num(idle) if idle else None}
     return out
 
 
@@ -691,12 +695,14 @@ def self_test():
         "BENCH quantize mxfp4_1x32_even_bf16 elems=67108864 ms=0.0800 gbps=1677.7 copy_ratio=0.88",
         "BENCH quantize fp8_tensorwise_e4m3_f32 elems=67108864 ms=0.2000 gbps=1342.2 copy_ratio=0.35",
         "BENCH linear bf16 M=16384 K=3072 N=12288 ms=5.000 tflops=741.9",
-        "BENCH linear fp8 M=16384 K=3072 N=12288 ms=3.500 tflops=1059.9",
+        "BENCH linear fp8 M=16384 K=3072 N=12288 ms=3.500 tflops=1059.9 idle_ms=3.9000",
         "BENCH linear mxfp4 M=16384 K=3072 N=3072 ms=2.000 tflops=463.8",
         "BENCH linear mxfp4(sr = true) M=4096 K=3072 N=3072 ms=1.000 tflops=100.0",
     ])
     mq, ml = parse_quant(fake_out), parse_linear(fake_out)
-    check(len(mq) == 3 and len(ml) == 4 and ("mxfp4(sr = true)", 4096, 3072, 3072) in ml, "BENCH line parsing")
+    check(len(mq) == 3 and len(ml) == 4 and ("mxfp4(sr = true)", 4096, 3072, 3072) in ml
+          and ml[("fp8", 16384, 3072, 12288)]["idle_ms"] == 3.9 and ml[("bf16", 16384, 3072, 12288)]["idle_ms"] is None,
+          "BENCH line parsing")
     tq = {"copy": {"ms": 0.07, "gbps": gbps_bf16(Q_ROWS * Q_COLS, 0.07), "how": "copy_"},
           "mxfp4": {"ms": 0.1, "gbps": gbps_bf16(Q_ROWS * Q_COLS, 0.1), "how": "compile"},
           "fp8": {"ms": 0.1, "gbps": gbps_bf16(Q_ROWS * Q_COLS, 0.1), "how": "eager"}}

@@ -437,12 +437,29 @@ unsafe impl Send for GpuTimer {}
 impl GpuTimer {
     /// Milliseconds of stream time since the timer started (waits for the work).
     pub fn stop_ms(self) -> Result<f32> {
+        self.stop()?.ms()
+    }
+
+    /// Marks the end on the stream without waiting, so that the host can
+    /// queue more work; [`StoppedTimer::ms`] reads the time later.
+    pub fn stop(self) -> Result<StoppedTimer> {
         self.driver.bind()?;
+        // SAFETY: the timer's own live event.
+        unsafe { self.driver.event_record(self.end) }?;
+        Ok(StoppedTimer(self))
+    }
+}
+
+/// A [`GpuTimer`] whose end is recorded on the stream.
+pub struct StoppedTimer(GpuTimer);
+
+impl StoppedTimer {
+    /// Milliseconds between the two events (waits for the work).
+    pub fn ms(&self) -> Result<f32> {
+        let t = &self.0;
+        t.driver.bind()?;
         // SAFETY: the timer's own live events, both recorded on the stream.
-        unsafe {
-            self.driver.event_record(self.end)?;
-            self.driver.event_elapsed_ms(self.start, self.end)
-        }
+        unsafe { t.driver.event_elapsed_ms(t.start, t.end) }
     }
 }
 

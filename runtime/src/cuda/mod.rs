@@ -51,7 +51,7 @@ mod staging;
 pub mod storage;
 
 pub use alloc::{DevBuf, PoolStats};
-pub use context::{CudaContext, DeviceInfo, GpuFunction, GpuTimer};
+pub use context::{CudaContext, DeviceInfo, GpuFunction, GpuTimer, StoppedTimer};
 pub use fp8_group::{fp8_group_fallbacks, Fp8GroupDevice};
 pub use gemm::{GemmDType, GemmOperand};
 pub use lin_kernels::{bias_fallbacks, scale_fallbacks};

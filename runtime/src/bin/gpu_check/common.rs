@@ -322,16 +322,23 @@ pub fn download_f32(
 /// How each timed run of [`median_ms`] starts.
 #[derive(Clone, Copy)]
 pub enum Start<'a> {
-    /// From an idle device (the stream synchronized first).
+    /// From an idle device (the stream synchronized first): the time
+    /// includes the host's launch latency wherever the GPU waits for it.
     Idle,
     /// Behind a device-to-device copy of this buffer's first half into its
     /// second, so that the host has queued the whole run before the GPU
     /// reaches it: the time is the GPU's, not the launch latency's.
     Queued(&'a DevBuf),
+    /// Right behind the previous run, with nothing in between, as the torch
+    /// peers time (CUDA events back to back): the host queues a run while
+    /// the GPU works on the one before, so the time is the GPU's where the
+    /// host keeps ahead and the host's where it does not.
+    Behind,
 }
 
 /// Median milliseconds of `runs` GPU-timed runs of `f` after `warmups`
-/// untimed ones. Each run's result is dropped after its timer stops.
+/// untimed ones. Each run's result is dropped after its timer stops; the
+/// times are read after the last run.
 pub fn median_ms<T>(
     ctx: &CudaContext,
     start: Start,
@@ -342,7 +349,7 @@ pub fn median_ms<T>(
     for _ in 0..warmups {
         f()?;
     }
-    let mut ms = Vec::with_capacity(runs);
+    let mut timers = Vec::with_capacity(runs);
     for _ in 0..runs.max(1) {
         match start {
             Start::Idle => gpu(ctx.synchronize())?,
@@ -350,12 +357,17 @@ pub fn median_ms<T>(
                 let half = delay.len_bytes() / 2;
                 copy_dtod(ctx, delay.ptr() + half as u64, delay.ptr(), half)?;
             }
+            Start::Behind => {}
         }
         let t = gpu(ctx.timer())?;
         let out = f()?;
-        ms.push(f64::from(gpu(t.stop_ms())?));
+        timers.push(gpu(t.stop())?);
         drop(out);
     }
+    let mut ms = timers
+        .iter()
+        .map(|t| gpu(t.ms()).map(f64::from))
+        .collect::<Result<Vec<_>, _>>()?;
     ms.sort_by(f64::total_cmp);
     Ok(ms[ms.len() / 2])
 }

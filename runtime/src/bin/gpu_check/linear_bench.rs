@@ -15,7 +15,8 @@ use crate::linear::{data, recipes, upload};
 type Inputs = (CudaStorage, CudaStorage, CudaStorage, CudaStorage);
 
 /// Median milliseconds of one fwd + bwd (BF16 activations, with or without
-/// bias) over `iters` timed runs after two warm-ups, each from an idle device.
+/// bias) over `iters` timed runs after two warm-ups: back to back, as the
+/// torch peer times `F.linear`, then each from an idle device.
 fn time_recipe(
     dev: &CudaDevice,
     r: &Recipe,
@@ -27,7 +28,7 @@ fn time_recipe(
         &CudaStorage,
     ),
     iters: usize,
-) -> Result<f64, String> {
+) -> Result<Times, String> {
     let lctx = LinearCtx {
         layer: "bench",
         iteration: 1,
@@ -45,10 +46,21 @@ fn time_recipe(
         drop((y, saved, g.map_err(err)?));
         Ok(())
     };
-    let ms = median_ms(dev.context(), Start::Idle, 2, iters, step)?;
+    let behind = median_ms(dev.context(), Start::Behind, 2, iters, step)?;
+    let idle = median_ms(dev.context(), Start::Idle, 2, iters, step)?;
     // The bench data is finite: a deferred non-finite amax is a failure.
     gpu(dev.context().check_deferred())?;
-    Ok(ms)
+    Ok(Times { behind, idle })
+}
+
+/// Median milliseconds of one shape's fwd + bwd, timed two ways.
+struct Times {
+    /// Runs back to back: the host queues one while the GPU runs the one
+    /// before, as in training and as the torch peer is timed.
+    behind: f64,
+    /// Each run from an idle device: adds the launch latency the GPU waits
+    /// out, which a recipe with more launches pays more of.
+    idle: f64,
 }
 
 /// Prints one `BENCH linear` line per recipe and shape (fwd + bwd,
@@ -72,7 +84,7 @@ fn run(dev: &CudaDevice, shapes: &[LinearShape], recipes: &[Recipe]) -> Result<(
         for r in recipes {
             for (bias, tag) in [(Some(&b), "linear"), (None, "linear_nobias")] {
                 let before = (bias_fallbacks(), fp8_group_fallbacks(), scale_fallbacks());
-                let ms = time_recipe(dev, r, s, (&x, &w, bias, &dy), 20)?;
+                let t = time_recipe(dev, r, s, (&x, &w, bias, &dy), 20)?;
                 if bias_fallbacks() != before.0 {
                     println!("  ({r}: bias added after the GEMM, not in its epilogue)");
                 }
@@ -82,10 +94,10 @@ fn run(dev: &CudaDevice, shapes: &[LinearShape], recipes: &[Recipe]) -> Result<(
                 if fp8_group_fallbacks() != before.1 {
                     println!("  ({r}: some GEMMs ran on dequantized f32 values, not scaled FP8)");
                 }
-                let tf = 6.0 * (s.m * s.n * s.k) as f64 / (ms * 1e-3) / 1e12;
+                let tf = 6.0 * (s.m * s.n * s.k) as f64 / (t.behind * 1e-3) / 1e12;
                 println!(
-                    "BENCH {tag} {r} M={} K={} N={} ms={ms:.4} tflops={tf:.1}",
-                    s.m, s.k, s.n
+                    "BENCH {tag} {r} M={} K={} N={} ms={:.4} tflops={tf:.1} idle_ms={:.4}",
+                    s.m, s.k, s.n, t.behind, t.idle
                 );
             }
         }
