@@ -11,14 +11,16 @@ then for E2M1 and E4M3 elements, the four scale rules, 1x32 blocks and
 stochastic rounding, f32 and BF16 input, over awkward shapes, compares each
 direction's codes, E8M0 scale bytes and BF16 GEMM operand
 (decode(code) * 2^(byte - 127)), as mx_tile writes it and as
-dequantize_mx_operand (quantize_mx.cu) makes it from the codes. Ends with
+dequantize_mx_operand (quantize_mx.cu) makes it from the codes, and the
+partial column sums (db's first pass) in the kernel's order. Ends with
 "N passed, M failed" and exits 1 on any failure. Only the standard library
 is needed.
 """
 import array
 import subprocess
 
-from emu_check import SHAPES, E2M1, Tally, bf16_bits, cpu_quantize, e4m3, f32, setup, values, write_input
+from emu_check import (SHAPES, E2M1, Tally, bf16_bits, bits, chunk_sums, cpu_quantize, e4m3, f32, setup, values,
+                       write_input)
 
 MODES = {"floor": 0, "ceil": 1, "even": 2, "rceil": 3}
 # (format, scale rule, tile2d, Hadamard on row blocks, on column blocks, stochastic rounding)
@@ -59,6 +61,19 @@ def check_dir(tmp, d, rows, cols, fp4, cpu):
     return []
 
 
+def check_sums(tmp, xs, rows, cols):
+    """The partial column sums against their order: per 32-row chunk, the
+    column's 32 rows in order (the column warp's block, before any Hadamard)."""
+    got = array.array("f", open(f"{tmp}/out.sums", "rb").read())
+    want = chunk_sums(xs, rows, cols, [range(32)], chunk_rows=32)
+    if len(got) != len(want):
+        return [f"sums: {len(got)} values, want {len(want)}"]
+    for i, (g, w) in enumerate(zip(got, want)):
+        if bits(g) != bits(w):
+            return [f"sums [{i // max(cols, 1)}, {i % max(cols, 1)}]: {g!r}, want {w!r}"]
+    return []
+
+
 def main():
     args, tmp, exe = setup("mx_tile")
     tally = Tally()
@@ -68,7 +83,7 @@ def main():
         tiny = si == len(SHAPES)
         for ci, (fmt, mode, tile2d, had_c, had_r, sr) in enumerate(CONFIGS):
             dtype = ("f32", "bf16")[(si + ci) % 2]
-            write_input(tmp, values(rows, cols, 500 + si, tiny=tiny), dtype, rows, cols)
+            xs = write_input(tmp, values(rows, cols, 500 + si, tiny=tiny), dtype, rows, cols)
             sr_arg = f"{SEED},{STEP},{IDS[0]},{IDS[1]}" if sr else "-"
             elem = "e2m1" if fmt == "mxfp4" else "e4m3fn"
             subprocess.run([exe, f"{tmp}/x.raw", dtype, str(rows), str(cols), elem, str(MODES[mode]), str(tile2d),
@@ -78,6 +93,7 @@ def main():
                 opts = ["--tile2d"] * tile2d + ["--hadamard"] * had + ["--sr", f"{SEED},{STEP},{tid}"] * sr
                 cpu, err = cpu_quantize(args, tmp, ["--format", fmt, "--scale-mode", mode, "--axis", axis, *opts])
                 bad += [err] if err else [f"{d}: {e}" for e in check_dir(tmp, d, rows, cols, fmt == "mxfp4", cpu)]
+            bad += check_sums(tmp, xs, rows, cols)
             tally.add(f"{fmt} {mode} {dtype} [{rows}, {cols}] tile2d={tile2d} hadamard={had_c}{had_r} sr={sr}"
                       f"{' tiny' if tiny else ''}", bad)
     tally.finish()

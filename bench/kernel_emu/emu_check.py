@@ -27,19 +27,19 @@ def f32(v):
     return array.array("f", [v])[0]
 
 
-def chunk_sums(xs, rows, cols, groups):
+def chunk_sums(xs, rows, cols, groups, chunk_rows=128):
     """The partial column sums of the row-major [rows, cols] xs as a kernel
-    takes them: per 128-row chunk and column, the sum over `groups` (in
-    order) of each group's sum over its row offsets in the chunk (in order),
-    each from +0 in f32; rows past the matrix add +0."""
+    takes them: per chunk of `chunk_rows` rows and column, the sum over
+    `groups` (in order) of each group's sum over its row offsets in the chunk
+    (in order), each from +0 in f32; rows past the matrix add +0."""
     out = []
-    for chunk in range((rows + 127) // 128):
+    for chunk in range((rows + chunk_rows - 1) // chunk_rows):
         for c in range(cols):
             acc = 0.0
             for g in groups:
                 s = 0.0
                 for i in g:
-                    r = 128 * chunk + i
+                    r = chunk_rows * chunk + i
                     s = f32(s + (xs[r * cols + c] if r < rows else 0.0))
                 acc = f32(acc + s)
             out.append(acc)

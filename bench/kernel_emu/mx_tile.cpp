@@ -11,7 +11,8 @@
 // both written; HAD_ROWB and HAD_COLB ask for the Hadamard per direction. SR
 // is "-" or SEED,STEP,ID_C,ID_R. Writes OUT_PREFIX.D.{codes,scales,deq} for
 // D = c, r as the device buffers hold them, and OUT_PREFIX.D.deq2, the
-// operand that dequantize_mx_operand makes of the codes and scales;
+// operand that dequantize_mx_operand makes of the codes and scales, and
+// OUT_PREFIX.sums, the partial column sums (one row per 32 input rows);
 // unwritten bytes keep a 0xA5 fill.
 #include "emu.hpp"
 
@@ -56,15 +57,19 @@ int main(int argc, char** argv) {
     const void* xp = x.data();
     const u32 R = (u32)rows, C = (u32)cols;
     const MxDir rd = md[0], cd = md[1];
+    std::vector<float> sums((rows + 31) / 32 * cols);
+    std::memset(sums.data(), 0xA5, 4 * sums.size());
+    float* sp = sums.data();
     if (rows * cols > 0) {
         launch2d((unsigned)((cols + SLAB_COLS - 1) / SLAB_COLS), (unsigned)((rows + 31) / 32), 2 * MX_BLOCK * TILES,
                  [=] {
-                     if (fp4 && bf16) mx_tile_e2m1_bf16(xp, R, C, rd, cd, mode, tile2d);
-                     else if (fp4) mx_tile_e2m1_f32(xp, R, C, rd, cd, mode, tile2d);
-                     else if (bf16) mx_tile_e4m3fn_bf16(xp, R, C, rd, cd, mode, tile2d);
-                     else mx_tile_e4m3fn_f32(xp, R, C, rd, cd, mode, tile2d);
+                     if (fp4 && bf16) mx_tile_e2m1_bf16(xp, R, C, rd, cd, mode, tile2d, sp);
+                     else if (fp4) mx_tile_e2m1_f32(xp, R, C, rd, cd, mode, tile2d, sp);
+                     else if (bf16) mx_tile_e4m3fn_bf16(xp, R, C, rd, cd, mode, tile2d, sp);
+                     else mx_tile_e4m3fn_f32(xp, R, C, rd, cd, mode, tile2d, sp);
                  });
     }
+    write_file(prefix + ".sums", sums.data(), 4 * sums.size());
     const char* names[2] = {"c", "r"};
     for (int k = 0; k < 2; ++k) {
         std::vector<u16> deq2(deq[k].size(), 0xA5A5);

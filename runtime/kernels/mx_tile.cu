@@ -17,6 +17,11 @@
 // With tile2d, one scale per 32x32 tile (amax over the tile) serves both
 // directions: the CPU's 32x32 weight tiles read along either axis.
 //
+// With `sums`, the column warps also write the partial f32 column sums of
+// the input (db of a dy, on the read the quantizer makes anyway): sums[cy,
+// col] adds rows 32 cy .. 32 cy + 31 of column col in row order from +0
+// (rows past the matrix add +0); lin_colsum_final adds the cy in order.
+//
 // A CTA stages a 32 x (32 * TILES) slab in shared memory; per tile, one warp
 // quantizes its 32 rows (a thread owns one row block) and one warp its 32
 // columns (a thread owns one column block). Each thread's outputs are
@@ -67,7 +72,7 @@ __device__ __forceinline__ void store_block(const MxDir& d, const u32* w, u32 by
 
 template <class F, class In>
 __device__ __forceinline__ void mx_tile(const void* x, u32 rows, u32 cols, const MxDir& rd, const MxDir& cd,
-                                        int mode, int tile2d) {
+                                        int mode, int tile2d, float* sums) {
     __shared__ float slab[MX_BLOCK * SLAB_STRIDE];
     __shared__ u32 tile_amax[TILES][MX_BLOCK];
     const u32 row0 = blockIdx.y * MX_BLOCK;
@@ -87,6 +92,13 @@ __device__ __forceinline__ void mx_tile(const void* x, u32 rows, u32 cols, const
     float v[MX_BLOCK];
 #pragma unroll
     for (int i = 0; i < MX_BLOCK; ++i) v[i] = slab[at + i * step];
+    const u32 col = col0 + t * MX_BLOCK + lane;  // a column warp's column
+    if (sums && !by_row && col < cols) {
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MX_BLOCK; ++i) s += v[i];
+        sums[(u64)blockIdx.y * cols + col] = s;
+    }
     if (d.hadamard) {
         hadamard16(v);
         hadamard16(v + 16);
@@ -109,7 +121,7 @@ __device__ __forceinline__ void mx_tile(const void* x, u32 rows, u32 cols, const
         plen = pc;
         if (row >= rows || kb * MX_BLOCK >= pc) return;
     } else {
-        row = (u64)col0 + t * MX_BLOCK + lane;
+        row = col;
         kb = row0 / MX_BLOCK;
         plen = pr;
         if (row >= cols) return;
@@ -124,8 +136,9 @@ __device__ __forceinline__ void mx_tile(const void* x, u32 rows, u32 cols, const
 
 #define MX_TILE_KERNEL(SUFFIX, FMT, IN)                                                               \
     extern "C" __global__ void __launch_bounds__(2 * MX_BLOCK * TILES)                                \
-        mx_tile_##SUFFIX(const void* x, u32 rows, u32 cols, MxDir rd, MxDir cd, int mode, int tile2d) { \
-        mx_tile<FMT, IN>(x, rows, cols, rd, cd, mode, tile2d);                                        \
+        mx_tile_##SUFFIX(const void* x, u32 rows, u32 cols, MxDir rd, MxDir cd, int mode, int tile2d,  \
+                         float* sums) {                                                               \
+        mx_tile<FMT, IN>(x, rows, cols, rd, cd, mode, tile2d, sums);                                  \
     }
 
 MX_TILE_KERNEL(e2m1_f32, E2M1, InF32)

@@ -21,18 +21,20 @@ pub const MX_TILE: KernelSource = KernelSource {
 
 impl CudaContext {
     /// MX quantization of `x` (`[rows, cols]`, f32 or BF16) along its rows
-    /// and/or its columns in one pass (`mx_tile.cu`).
+    /// and/or its columns in one pass (`mx_tile.cu`); with `column_sums` and
+    /// a non-empty x, also x's f32 column sums (32-row partial sums, then
+    /// `lin_colsum_final`).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn mx_tile(
         &self,
         x: &DevBuf,
         dtype: DType,
-        rows: usize,
-        cols: usize,
+        (rows, cols): (usize, usize),
         cfg: &MxConfig,
         by_row: Option<MxWant>,
         by_col: Option<MxWant>,
-    ) -> Result<(MxOut, MxOut)> {
+        column_sums: bool,
+    ) -> Result<(MxOut, MxOut, Option<DevBuf>)> {
         if cfg.tile2d && [by_row, by_col].iter().flatten().any(|w| w.hadamard) {
             return Err(CudaError::Invalid(
                 "32x32 tile scales with the Hadamard option are not supported".into(),
@@ -86,7 +88,8 @@ impl CudaContext {
         let ro = make(by_row, rows, cols, pc)?;
         let co = make(by_col, cols, rows, pr)?;
         if rows == 0 || cols == 0 {
-            return Ok((ro, co));
+            // No sums from an empty input: the caller's own pass gives them.
+            return Ok((ro, co, None));
         }
         let dir = |o: &MxOut| MxDir {
             codes: o.q.as_ref().map_or(0, |q| q.codes.ptr()),
@@ -108,6 +111,8 @@ impl CudaContext {
                 "mx_tile: {rows} rows exceed the grid limit"
             )));
         }
+        let partial = column_sums.then(|| self.alloc(gy * cols * 4)).transpose()?;
+        let sums = partial.as_ref().map_or(0, DevBuf::ptr);
         let cfg = LaunchConfig {
             grid_dim: (
                 u32_of(cols.div_ceil(32 * MX_TILES), "column slabs")?,
@@ -118,8 +123,11 @@ impl CudaContext {
             shared_mem_bytes: 0,
         };
         // Every output was allocated above for its direction's [rows, padded length].
-        launch_kernel!(self, &MX_TILE, suffix, cfg, &xp, &r, &c, &rd, &cd, &mode, &tile2d)?;
-        Ok((ro, co))
+        launch_kernel!(self, &MX_TILE, suffix, cfg, &xp, &r, &c, &rd, &cd, &mode, &tile2d, &sums)?;
+        let sums = partial
+            .map(|p| self.lin_colsum_final(&p, gy, cols))
+            .transpose()?;
+        Ok((ro, co, sums))
     }
 }
 

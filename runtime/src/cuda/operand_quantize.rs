@@ -271,23 +271,23 @@ impl CudaStorage {
     fn quantize_mx(
         &self,
         (rows, cols): (usize, usize),
-        pass: MxPass,
+        (pass, column_sums): (MxPass, bool),
         out: &mut Slots<'_>,
-    ) -> super::Result<()> {
+    ) -> super::Result<Option<DevBuf>> {
         let ctx = self.device().context();
         // Codes for every operand where the device multiplies them.
         let native = mx_codes_native(ctx, &pass.cfg);
         let [by_row, by_col] = pass.dirs;
         let want = |d: &Option<(MxWant, Vec<usize>)>| d.as_ref().map(|(w, _)| *w);
         let (x, dtype) = (self.buffer(), self.dtype());
-        let (ro, co) = ctx.mx_tile(
+        let (ro, co, sums) = ctx.mx_tile(
             x,
             dtype,
-            rows,
-            cols,
+            (rows, cols),
             &pass.cfg,
             want(&by_row),
             want(&by_col),
+            column_sums,
         )?;
         let dirs = [
             (by_row, ro, Along::Cols, rows, cols),
@@ -312,7 +312,7 @@ impl CudaStorage {
                 out.put(slot, op);
             }
         }
-        Ok(())
+        Ok(sums)
     }
 
     /// One `quantize_nvfp4_2d` pass: both directions from one read, each
@@ -418,8 +418,8 @@ impl CudaStorage {
                 _ => {}
             }
         }
-        // The column sums come with the first FP8 128-block or NVFP4 pass
-        // that can take them on its read, else from a pass of their own.
+        // The column sums come with the first FP8 128-block, MX or NVFP4
+        // pass that can take them on its read, else from a pass of their own.
         let mut column_sums = None;
         for cfg in fp8g {
             let group = of(&|f| *f == Format::Fp8Group(cfg));
@@ -429,7 +429,9 @@ impl CudaStorage {
             column_sums = column_sums.or(sums);
         }
         for pass in mx_passes(&mx) {
-            self.quantize_mx(dims, pass, &mut out)?;
+            let want_sums = req.column_sums && column_sums.is_none();
+            let sums = self.quantize_mx(dims, (pass, want_sums), &mut out)?;
+            column_sums = column_sums.or(sums);
         }
         // The kept copy's pass first, as the CPU quantizes it first, so that
         // a non-finite input is reported for the same copy.

@@ -164,23 +164,25 @@ pub fn normal_data(n: usize, seed: u64, scale: f64) -> Vec<f32> {
 }
 
 /// The f32 column sums of the row-major `[rows, cols]` x in the order a
-/// kernel takes them: per 128-row chunk, the sum over `groups.0` groups (in
-/// order) of each group's sum over `groups.1` rows (in order), the i-th row
-/// of group g at offset `row(g, i)` in the chunk; then the chunks in row
-/// order (`lin_colsum_final`). Each sum from +0; rows past the matrix add +0.
+/// kernel takes them: per chunk of `chunk_rows` rows, the sum over
+/// `groups.0` groups (in order) of each group's sum over `groups.1` rows (in
+/// order), the i-th row of group g at offset `row(g, i)` in the chunk; then
+/// the chunks in row order (`lin_colsum_final`). Each sum from +0; rows past
+/// the matrix add +0.
 pub fn chunked_column_sums(
     x: &[f32],
     (rows, cols): (usize, usize),
-    groups: (usize, usize),
+    (chunk_rows, groups): (usize, (usize, usize)),
     row: impl Fn(usize, usize) -> usize,
 ) -> Vec<f32> {
     let at = |r: usize, c: usize| if r < rows { x[r * cols + c] } else { 0.0 };
     (0..cols)
         .map(|c| {
-            (0..rows.div_ceil(128)).fold(0f32, |total, chunk| {
+            (0..rows.div_ceil(chunk_rows)).fold(0f32, |total, chunk| {
+                let r0 = chunk_rows * chunk;
                 total
                     + (0..groups.0).fold(0f32, |acc, g| {
-                        acc + (0..groups.1).fold(0f32, |s, i| s + at(128 * chunk + row(g, i), c))
+                        acc + (0..groups.1).fold(0f32, |s, i| s + at(r0 + row(g, i), c))
                     })
             })
         })

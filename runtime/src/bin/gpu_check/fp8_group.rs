@@ -110,7 +110,7 @@ fn same_tensor(ctx: &CudaContext, g: &Fp8GroupDevice, c: &Fp8GroupTensor) -> Res
 /// each 128-row tile, thread t < 32 adds rows t, t + 32, t + 64 and t + 96,
 /// the tile adds its 32 threads' sums in order.
 fn block2d_column_sums(x: &[f32], dims: (usize, usize)) -> Vec<f32> {
-    chunked_column_sums(x, dims, (32, 4), |t, k| t + 32 * k)
+    chunked_column_sums(x, dims, (128, (32, 4)), |t, k| t + 32 * k)
 }
 
 /// Both directions of a `[rows, cols]` matrix under `cfg`, from one call

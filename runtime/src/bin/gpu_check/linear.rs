@@ -56,7 +56,7 @@ pub fn upload(dev: &CudaDevice, v: &[f32], dtype: DType) -> Result<CudaStorage, 
 }
 
 /// The values of a packed f32 or BF16 storage, as f32.
-fn values<S: BackendStorage>(s: &S) -> Result<Vec<f32>, String> {
+pub fn values<S: BackendStorage>(s: &S) -> Result<Vec<f32>, String> {
     match s.to_cpu_storage().map_err(err)? {
         CpuStorage::F32(v) => Ok(v),
         CpuStorage::BF16(b) => Ok(widen(&b)),

@@ -73,7 +73,10 @@ const SUITES: [Part; 7] = [
         ops::check_ops(rep);
         op_backend::backend_checks(rep);
     }),
-    ("linear", |_, rep| linear::check_linears(rep)),
+    ("linear", |_, rep| {
+        linear::check_linears(rep);
+        mx::check_mx_column_sums(rep);
+    }),
     ("adamw", |_, rep| adamw::check_adamw(rep)),
     ("attention", |_, rep| attention::check_attention(rep)),
     ("fused", |_, rep| fused::check_fused(rep)),

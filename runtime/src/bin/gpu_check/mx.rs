@@ -3,18 +3,23 @@
 //! random rows of awkward lengths and on the 13 golden blocks, with f32 and
 //! BF16 input: codes, scales and the dequantized values (f32 and BF16, both
 //! layouts) equal `mxswitch_runtime::quant` byte for byte; the plain
-//! configurations also equal the golden JSON itself.
+//! configurations also equal the golden JSON itself. The column sums (db)
+//! that the MX pass over a dy takes are bit-exact in the kernel's order.
 
 use serde_json::Value;
 
-use mxswitch_runtime::cuda::{CudaContext, DequantLayout, DevBuf, MxDevice};
+use mxswitch_runtime::backend::{Along, LinearBackend, Request, Want};
+use mxswitch_runtime::cuda::{CudaContext, CudaDevice, DequantLayout, DevBuf, MxDevice};
 use mxswitch_runtime::formats::{bf16, ElemFormat};
 use mxswitch_runtime::quant::{quantize_rows, MxConfig, MxTensor, ScaleMode, SrKey};
+use mxswitch_runtime::recipe::{Recipe, RecipeKind};
 use mxswitch_runtime::DType;
 
 use crate::common::{
-    device_input, dtype_name, first_diff, gpu, none_bad, same_f32, Cases, Report, Rng,
+    chunked_column_sums, device_input, dtype_name, err, first_diff, gpu, none_bad, same_f32, Cases,
+    Report, Rng,
 };
+use crate::linear::{upload, values};
 
 const MXFP4_GOLDEN: &str = include_str!("../../../tests/golden/mxfp4_blocks.json");
 const MXFP8_GOLDEN: &str = include_str!("../../../tests/golden/mxfp8_e4m3_blocks.json");
@@ -331,5 +336,71 @@ pub fn check_mx_golden(ctx: &CudaContext, rep: &mut Report) {
                 Err(bad.join("; "))
             }
         });
+    }
+}
+
+/// db on dy's MX read: for the `mxfp4` and `mxfp8` recipes' dy (dgrad along
+/// N, wgrad along M with its Hadamard and SR), the column sums that `mx_tile`
+/// takes equal, bit for bit, f32 sums in its order: per 32-row chunk the
+/// column's rows in order, then the chunks in order (`lin_colsum_final`).
+pub fn check_mx_column_sums(rep: &mut Report) {
+    let shapes: [(usize, usize); 6] = [(1, 1), (31, 5), (33, 70), (64, 96), (130, 300), (257, 129)];
+    for kind in [RecipeKind::Mxfp4, RecipeKind::Mxfp8] {
+        for dtype in [DType::F32, DType::BF16] {
+            let name = format!("mx column sums {kind:?} {}", dtype_name(dtype));
+            rep.check(&name, || {
+                let dev = CudaDevice::get(0).map_err(err)?;
+                let mut cases = Cases::new(
+                    "shapes, column sums bit-exact in mx_tile's order".into(),
+                    "shapes differ".into(),
+                );
+                for (i, &(rows, cols)) in shapes.iter().enumerate() {
+                    let x = mx_data(rows, cols, 3000 + i as u64, false);
+                    cases.add(compare_column_sums(&dev, &x, (rows, cols), dtype, kind));
+                }
+                cases.result()
+            });
+        }
+    }
+}
+
+fn compare_column_sums(
+    dev: &CudaDevice,
+    x: &[f32],
+    (rows, cols): (usize, usize),
+    dtype: DType,
+    kind: RecipeKind,
+) -> Result<(), String> {
+    let xs = upload(dev, x, dtype)?;
+    let x = values(&xs)?;
+    let spec = Recipe::new(kind).spec();
+    let key = |tensor_id| SrKey {
+        tensor_id,
+        ..SR_KEY
+    };
+    let now = [
+        Want::new(&spec.dgrad.a, Along::Cols, Some(key(2))).map_err(err)?,
+        Want::new(&spec.wgrad.a, Along::Rows, Some(key(3))).map_err(err)?,
+    ];
+    let req = Request {
+        rows,
+        cols,
+        now: &now,
+        keep: None,
+        column_sums: true,
+        label: &|| "dy".into(),
+    };
+    let q = xs.quantize(&req).map_err(err)?;
+    let sums = q.column_sums.ok_or("no column sums")?;
+    let got = values(&sums)?;
+    let want = chunked_column_sums(&x, (rows, cols), (32, (1, 32)), |_, i| i);
+    match (0..want.len()).find(|&i| got.len() != want.len() || !same_f32(got[i], want[i])) {
+        Some(i) => Err(format!(
+            "{rows}x{cols}: column sum {i}: {:e}, want {:e}",
+            got.get(i).copied().unwrap_or(f32::NAN),
+            want[i]
+        )),
+        None if got.len() != want.len() => Err(format!("{} sums, want {}", got.len(), want.len())),
+        None => Ok(()),
     }
 }

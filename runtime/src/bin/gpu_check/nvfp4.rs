@@ -219,7 +219,7 @@ fn compare_nv(
 /// The f32 column sums of x in the order `nvfp4_amax` takes them: 16 rows
 /// a thread, then the 8 warps of a CTA (128 rows) in order.
 fn amax_pass_column_sums(x: &[f32], dims: (usize, usize)) -> Vec<f32> {
-    chunked_column_sums(x, dims, (8, 16), |w, i| 16 * w + i)
+    chunked_column_sums(x, dims, (128, (8, 16)), |w, i| 16 * w + i)
 }
 
 /// Both directions from one pass (`c` along the columns, `r` along the
