@@ -251,17 +251,21 @@ __device__ __forceinline__ float unary_f(int op, float x) {
     case 4: return x * x;
     case 5: return tanhf(x);
     case 6: return x / (1.0f + expf(-x));
-    case 7: return x * gelu_gate(x);
-    case 8: {
-        const float s = 1.0f / (1.0f + expf(-x));
-        return s * (1.0f + x * (1.0f - s));
+    default: return x * gelu_gate(x);
     }
-    default: {
-        const float s = gelu_gate(x);
-        const float dinner = SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_CUBIC * x * x);
-        return s + x * 2.0f * s * (1.0f - s) * dinner;
-    }
-    }
+}
+
+// op.rs silu_slope: d silu / dx.
+__device__ __forceinline__ float silu_slope(float x) {
+    const float s = 1.0f / (1.0f + expf(-x));
+    return s * (1.0f + x * (1.0f - s));
+}
+
+// op.rs gelu_tanh_slope: d gelu_tanh / dx.
+__device__ __forceinline__ float gelu_tanh_slope(float x) {
+    const float s = gelu_gate(x);
+    const float dinner = SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_CUBIC * x * x);
+    return s + x * 2.0f * s * (1.0f - s) * dinner;
 }
 
 // Elements per thread of the element-wise maps below.
@@ -319,7 +323,7 @@ __device__ __forceinline__ void unary_vec(const T* x, T* y, const Strided& s, u6
 #define UNARY_VEC(K) \
     case K: map_vec(x, y, s, n, [](float v) { return unary_f(K, v); }); break;
     UNARY_VEC(0) UNARY_VEC(1) UNARY_VEC(2) UNARY_VEC(3) UNARY_VEC(4)
-    UNARY_VEC(5) UNARY_VEC(6) UNARY_VEC(7) UNARY_VEC(8) UNARY_VEC(9)
+    UNARY_VEC(5) UNARY_VEC(6) UNARY_VEC(7)
 #undef UNARY_VEC
     }
 }
@@ -347,13 +351,16 @@ extern "C" __global__ void ops_affine_bf16_vec(const u16* x, u16* y, Strided s, 
 // ---------------------------------------------------------------------------
 // Binary ops (BinaryOp::f32): two views of one shape, stride 0 where broadcast.
 
+// Order of BinaryOp (binary_code in storage/ops.rs).
 __device__ __forceinline__ float binary_f(int op, float a, float b) {
     switch (op) {
     case 0: return a + b;
     case 1: return a - b;
     case 2: return a * b;
     case 3: return a / b;
-    default: return a == b ? 1.0f : 0.0f;
+    case 4: return a == b ? 1.0f : 0.0f;
+    case 5: return a * silu_slope(b);
+    default: return a * gelu_tanh_slope(b);
     }
 }
 
@@ -391,7 +398,7 @@ __device__ __forceinline__ void binary_vec(const T* a, const T* b, T* y, const S
     switch (op) {
 #define BINARY_VEC(K) \
     case K: zip_vec(a, b, y, sa, sb, n, [](float u, float v) { return binary_f(K, u, v); }); break;
-    BINARY_VEC(0) BINARY_VEC(1) BINARY_VEC(2) BINARY_VEC(3) BINARY_VEC(4)
+    BINARY_VEC(0) BINARY_VEC(1) BINARY_VEC(2) BINARY_VEC(3) BINARY_VEC(4) BINARY_VEC(5) BINARY_VEC(6)
 #undef BINARY_VEC
     }
 }

@@ -2,8 +2,8 @@
 //! so any backend that runs the forward ops gets gradients for free.
 //! `g` is the gradient of the op's output; `d<name>` that of an input.
 
-use crate::op::{Op, UnaryOp};
-use crate::{Error, Result, Tensor};
+use crate::op::{BinaryOp, Op, UnaryOp};
+use crate::{Result, Tensor};
 
 /// Gradients of an op's inputs (in input order) from those of its outputs.
 pub(crate) fn backward(op: &Op, grads: &[Option<Tensor>]) -> Result<Vec<Option<Tensor>>> {
@@ -120,12 +120,8 @@ fn unary(op: UnaryOp, saved: &Tensor, g: &Tensor) -> Result<Tensor> {
         UnaryOp::Sqr => g.mul(saved)?.mul_scalar(2.0),
         // d tanh = 1 - y^2
         UnaryOp::Tanh => g.mul(&saved.sqr()?.affine(-1.0, 1.0)?),
-        UnaryOp::Silu => g.mul(&saved.unary(UnaryOp::SiluGrad)?),
-        UnaryOp::GeluTanh => g.mul(&saved.unary(UnaryOp::GeluTanhGrad)?),
-        UnaryOp::SiluGrad | UnaryOp::GeluTanhGrad => Err(Error::Autograd(format!(
-            "backward of `{}` is not supported (no second derivatives)",
-            op.name()
-        ))),
+        UnaryOp::Silu => g.activation_backward(saved, BinaryOp::SiluBackward),
+        UnaryOp::GeluTanh => g.activation_backward(saved, BinaryOp::GeluTanhBackward),
     }
 }
 

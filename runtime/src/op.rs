@@ -33,10 +33,6 @@ pub enum UnaryOp {
     Silu,
     /// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
     GeluTanh,
-    /// d silu / dx, used by the backward pass.
-    SiluGrad,
-    /// d gelu_tanh / dx, used by the backward pass.
-    GeluTanhGrad,
 }
 
 impl UnaryOp {
@@ -52,8 +48,6 @@ impl UnaryOp {
             UnaryOp::Tanh => "tanh",
             UnaryOp::Silu => "silu",
             UnaryOp::GeluTanh => "gelu_tanh",
-            UnaryOp::SiluGrad => "silu_grad",
-            UnaryOp::GeluTanhGrad => "gelu_tanh_grad",
         }
     }
 
@@ -71,15 +65,6 @@ impl UnaryOp {
             // 0.5 (1 + tanh(u)) = sigmoid(2u): the same function through one
             // exp, several times cheaper than libm's tanhf.
             UnaryOp::GeluTanh => x * gelu_gate(x),
-            UnaryOp::SiluGrad => {
-                let s = 1.0 / (1.0 + (-x).exp());
-                s * (1.0 + x * (1.0 - s))
-            }
-            UnaryOp::GeluTanhGrad => {
-                let s = gelu_gate(x);
-                let dinner = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * x * x);
-                s + x * 2.0 * s * (1.0 - s) * dinner
-            }
         }
     }
 
@@ -106,6 +91,12 @@ pub enum BinaryOp {
     Div,
     /// 1.0 where equal, else 0.0; a mask, never differentiated.
     Eq,
+    /// a * silu'(b): the backward of silu, g at x, in one pass.
+    SiluBackward,
+    /// a * gelu_tanh'(b): the backward of gelu_tanh, g at x, in one pass
+    /// (one rounding to the activation dtype, where a slope tensor and a
+    /// product took two).
+    GeluTanhBackward,
 }
 
 impl BinaryOp {
@@ -117,6 +108,8 @@ impl BinaryOp {
             BinaryOp::Mul => "mul",
             BinaryOp::Div => "div",
             BinaryOp::Eq => "eq",
+            BinaryOp::SiluBackward => "silu_backward",
+            BinaryOp::GeluTanhBackward => "gelu_tanh_backward",
         }
     }
 
@@ -129,6 +122,8 @@ impl BinaryOp {
             BinaryOp::Mul => a * b,
             BinaryOp::Div => a / b,
             BinaryOp::Eq => f32::from(u8::from(a == b)),
+            BinaryOp::SiluBackward => a * silu_slope(b),
+            BinaryOp::GeluTanhBackward => a * gelu_tanh_slope(b),
         }
     }
 }
@@ -300,4 +295,19 @@ impl Op {
 fn gelu_gate(x: f32) -> f32 {
     let u = SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x);
     1.0 / (1.0 + (-2.0 * u).exp())
+}
+
+/// d silu / dx = s (1 + x (1 - s)), s = sigmoid(x).
+#[inline]
+fn silu_slope(x: f32) -> f32 {
+    let s = 1.0 / (1.0 + (-x).exp());
+    s * (1.0 + x * (1.0 - s))
+}
+
+/// d gelu_tanh / dx = s + 2 x s (1 - s) du/dx, s = GELU's gate.
+#[inline]
+fn gelu_tanh_slope(x: f32) -> f32 {
+    let s = gelu_gate(x);
+    let dinner = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * x * x);
+    s + x * 2.0 * s * (1.0 - s) * dinner
 }

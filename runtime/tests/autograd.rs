@@ -253,6 +253,50 @@ fn other_devices_fail_clearly() {
     assert!(t(&[1.0], &[1]).to_device(&cuda).is_err());
 }
 
+/// The backward of silu and gelu_tanh is one pass, g times the slope at x
+/// computed in f32, rounded once: under BF16 activations each input
+/// gradient equals the f32 gradient on the same (widened) values, rounded
+/// to BF16 (a slope tensor and a product would round twice).
+#[test]
+fn bf16_activation_backward_rounds_once() {
+    use mxswitch_runtime::formats::bf16;
+    let mut rng = Rng::new(22);
+    let round = |v: Vec<f32>| v.iter().map(|&x| bf16::round(x)).collect::<Vec<_>>();
+    let (x, r) = (
+        round(rng.vec(512, -4.0, 4.0)),
+        round(rng.vec(512, -3.0, 3.0)),
+    );
+    type Act = fn(&Tensor) -> Result<Tensor>;
+    for (name, act) in [
+        ("silu", Tensor::silu as Act),
+        ("gelu_tanh", Tensor::gelu_tanh),
+    ] {
+        let input_grad = |dtype: DType| {
+            let p = param(&x, &[8, 64]);
+            let rt = t(&r, &[8, 64]).to_dtype(dtype).unwrap();
+            let y = act(&p.to_dtype(dtype).unwrap()).unwrap();
+            grad(
+                &y.mul(&rt).unwrap().sum_all().unwrap().backward().unwrap(),
+                &p,
+            )
+        };
+        let want: Vec<f32> = input_grad(DType::F32)
+            .into_iter()
+            .map(bf16::round)
+            .collect();
+        let got = input_grad(DType::BF16);
+        let differ = (0..want.len())
+            .filter(|&i| got[i].to_bits() != want[i].to_bits())
+            .count();
+        assert_eq!(
+            differ,
+            0,
+            "{name}: {differ} of {} gradients differ",
+            want.len()
+        );
+    }
+}
+
 /// Values are rounded to bf16 and ops on bf16 compute in f32 and round the
 /// result once: each result equals the f32 op on the widened inputs, rounded.
 #[test]

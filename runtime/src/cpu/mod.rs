@@ -226,7 +226,7 @@ impl BackendStorage for CpuStorage {
                 match op { $(UnaryOp::$v => map(&x, |v| UnaryOp::$v.f32(v)),)* }
             };
         }
-        let y = arms! { Exp, Log, Sqrt, Rsqrt, Sqr, Tanh, Silu, GeluTanh, SiluGrad, GeluTanhGrad };
+        let y = arms! { Exp, Log, Sqrt, Rsqrt, Sqr, Tanh, Silu, GeluTanh };
         Ok(CpuStorage::from_f32(y, self.dtype()))
     }
 
@@ -252,7 +252,7 @@ impl BackendStorage for CpuStorage {
                 match op { $(BinaryOp::$v => strided::binary_map(&a, &al, &b, &bl, |x, y| BinaryOp::$v.f32(x, y)),)* }
             };
         }
-        let y = arms!(Add, Sub, Mul, Div, Eq);
+        let y = arms!(Add, Sub, Mul, Div, Eq, SiluBackward, GeluTanhBackward);
         Ok(CpuStorage::from_f32(y, self.dtype()))
     }
 

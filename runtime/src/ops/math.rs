@@ -118,7 +118,9 @@ impl Tensor {
                     lhs: lhs.detach(),
                     rhs: rhs.detach(),
                 },
-                BinaryOp::Eq => unreachable!("eq_mask does not record"),
+                BinaryOp::Eq | BinaryOp::SiluBackward | BinaryOp::GeluTanhBackward => {
+                    unreachable!("masks and activation backwards do not record")
+                }
             },
         ))
     }
@@ -147,6 +149,14 @@ impl Tensor {
     pub fn eq_mask(&self, rhs: &Tensor) -> Result<Tensor> {
         let (lhs, _, storage) = self.broadcast_binary(rhs, BinaryOp::Eq)?;
         Ok(Tensor::untracked(storage, lhs.shape().clone()))
+    }
+
+    /// The gradient of an activation's input, `self` (its output's
+    /// gradient) times the activation's slope at `x`, in one pass
+    /// (`BinaryOp::SiluBackward` or `GeluTanhBackward`); not differentiable.
+    pub(crate) fn activation_backward(&self, x: &Tensor, op: BinaryOp) -> Result<Tensor> {
+        let (g, _, storage) = self.broadcast_binary(x, op)?;
+        Ok(Tensor::untracked(storage, g.shape().clone()))
     }
 
     /// Reduces the resolved `axes` (sorted, non-empty), keeping them as size 1.

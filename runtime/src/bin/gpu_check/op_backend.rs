@@ -13,9 +13,9 @@ use crate::common::{bf16_ulp, compare, err, f32_ulp, Report, Rng};
 use crate::ops::{sample, Dist, GPU};
 
 /// The backend methods with two outputs or no Tensor-level form: norm_last_dim
-/// (y and rstd), the raw unary grad kernels, U8 copies and zeros.
+/// (y and rstd), the activations' backward kernels, U8 copies and zeros.
 pub fn backend_checks(rep: &mut Report) {
-    use mxswitch_runtime::op::UnaryOp;
+    use mxswitch_runtime::op::BinaryOp;
     let dev = match CudaDevice::get(0) {
         Ok(d) => d,
         Err(e) => return rep.line("backend checks", Err(err(e))),
@@ -62,19 +62,29 @@ pub fn backend_checks(rep: &mut Report) {
                     compare(&cr, &gr, |i| 2.0 * f32_ulp(cr[i]) + extra(cr[i], gr[i])),
                 );
             }
-            for op in [UnaryOp::SiluGrad, UnaryOp::GeluTanhGrad] {
-                let c = widen(&host.unary(&layout, op).map_err(err)?);
+            // The activations' backward: g times the slope at x, where the
+            // slope is within 4 ulp + 2^-21 (cancellation in 1 - s and
+            // 1 + x (1 - s)), so the product within 8 ulp + 2^-21 |g|.
+            let grads = sample(&mut rng, 6 * 300, Dist::Sym);
+            let gh = match dtype {
+                DType::BF16 => CpuStorage::BF16(grads.iter().map(|&v| bf16::from_f32(v)).collect()),
+                _ => CpuStorage::F32(grads.clone()),
+            };
+            let gd = dev.storage_from_cpu(gh.clone()).map_err(err)?;
+            let gw = widen(&gh);
+            for op in [BinaryOp::SiluBackward, BinaryOp::GeluTanhBackward] {
+                let c = widen(&gh.binary(&layout, &host, &layout, op).map_err(err)?);
                 let gg = widen(
-                    &g.unary(&layout, op)
+                    &gd.binary(&layout, &g, &layout, op)
                         .map_err(err)?
                         .to_cpu_storage()
                         .map_err(err)?,
                 );
                 rep.line(
-                    &format!("backend unary {} {dtype} [4 ulp + 2^-21]", op.name()),
+                    &format!("backend binary {} {dtype} [8 ulp + 2^-21 |g|]", op.name()),
                     compare(&c, &gg, |i| {
-                        4.0 * f32_ulp(c[i])
-                            + 2f32.powi(-21)
+                        8.0 * f32_ulp(c[i])
+                            + 2f32.powi(-21) * gw[i].abs()
                             + if bf {
                                 bf16_ulp(c[i].abs().max(gg[i].abs()))
                             } else {

@@ -10,8 +10,9 @@
 //! - exact (0): copies, casts, concat, affine, add/sub/mul/div/eq, sqr, sqrt,
 //!   rsqrt, max, rope: the same IEEE operations in the same order;
 //! - exp, log, tanh, silu, gelu_tanh: 4 ulp (CUDA's expf/logf/tanhf are
-//!   within 2 ulp of libm, composed once more); silu_grad, gelu_tanh_grad:
-//!   4 ulp + 2^-21 absolute (cancellation in 1 - s and 1 + x (1 - s));
+//!   within 2 ulp of libm, composed once more); silu_backward,
+//!   gelu_tanh_backward (g times the slope at x): 8 ulp + 2^-21 |g|
+//!   (cancellation in 1 - s and 1 + x (1 - s));
 //! - softmax: 4 ulp; layer / RMS norm y: 4 ulp + 1e-6, rstd: 2 ulp (statistics
 //!   in f64 on both sides, only the order of f64 additions differs);
 //! - sum, mean, matmul: accumulation-order bound 2 n 2^-24 sum|terms| (n the

@@ -151,8 +151,6 @@ fn unary_code(op: UnaryOp) -> i32 {
         UnaryOp::Tanh => 5,
         UnaryOp::Silu => 6,
         UnaryOp::GeluTanh => 7,
-        UnaryOp::SiluGrad => 8,
-        UnaryOp::GeluTanhGrad => 9,
     }
 }
 
@@ -163,6 +161,8 @@ fn binary_code(op: BinaryOp) -> i32 {
         BinaryOp::Mul => 2,
         BinaryOp::Div => 3,
         BinaryOp::Eq => 4,
+        BinaryOp::SiluBackward => 5,
+        BinaryOp::GeluTanhBackward => 6,
     }
 }
 
