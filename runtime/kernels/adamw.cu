@@ -70,17 +70,23 @@ __device__ __forceinline__ float adamw_grad(const G* g, u64 i, float mul) {
     }
 }
 
+// The update of one element from its loaded values: the new weight, with m
+// and v updated in place.
+__device__ __forceinline__ float adamw_math(float w, float gi, float& m, float& v, const AdamWScalars& s) {
+    w = w * s.decay;
+    m = s.b1 * m + s.one_minus_b1 * gi;
+    v = s.b2 * v + s.one_minus_b2 * gi * gi;
+    return w - s.step_size * m / (sqrtf(v) / s.bias2_sqrt + s.eps);
+}
+
 // Element i of one parameter's update, with the gradient element gi.
 template <typename W>
 __device__ __forceinline__ void adamw_elem_g(const W* w_in, W* w_out, float gi, float* m, float* v, u64 i,
                                              const AdamWScalars& s) {
-    float w = adamw_ld(w_in, i);
-    w = w * s.decay;
-    const float mi = s.b1 * m[i] + s.one_minus_b1 * gi;
-    const float vi = s.b2 * v[i] + s.one_minus_b2 * gi * gi;
+    float mi = m[i], vi = v[i];
+    const float w = adamw_math(adamw_ld(w_in, i), gi, mi, vi, s);
     m[i] = mi;
     v[i] = vi;
-    w = w - s.step_size * mi / (sqrtf(vi) / s.bias2_sqrt + s.eps);
     adamw_st(w_out, i, w);
 }
 
@@ -173,9 +179,25 @@ __device__ __forceinline__ void adamw_chunk(const AdamWTensor& t, u64 begin, u64
     float* m = (float*)t.m;
     float* v = (float*)t.v;
     const float mul = u2f(t.pad);
-    for (u64 i = begin + threadIdx.x; i < end; i += blockDim.x) {
-        adamw_elem_g(w_in, w_out, adamw_grad<SCALED>(g, i, mul), m, v, i, t.s);
+    const u64 step = blockDim.x;
+    u64 i = begin + threadIdx.x;
+    // Elements i and j = i + step together: all eight loads before any
+    // store, so a thread has twice the loads in flight (the loop is bound
+    // by memory latency). Elements are independent: the same bits.
+    for (; i + step < end; i += 2 * step) {
+        const u64 j = i + step;
+        const float gi = adamw_grad<SCALED>(g, i, mul), gj = adamw_grad<SCALED>(g, j, mul);
+        const float wi = adamw_ld(w_in, i), wj = adamw_ld(w_in, j);
+        float mi = m[i], mj = m[j], vi = v[i], vj = v[j];
+        const float oi = adamw_math(wi, gi, mi, vi, t.s), oj = adamw_math(wj, gj, mj, vj, t.s);
+        m[i] = mi;
+        m[j] = mj;
+        v[i] = vi;
+        v[j] = vj;
+        adamw_st(w_out, i, oi);
+        adamw_st(w_out, j, oj);
     }
+    if (i < end) adamw_elem_g(w_in, w_out, adamw_grad<SCALED>(g, i, mul), m, v, i, t.s);
 }
 
 extern "C" __global__ void adamw_multi(const AdamWTensor* ts, u64 count, u64 chunks) {
@@ -206,12 +228,24 @@ __device__ __forceinline__ void mt_tree_sum(double* red) {
     }
 }
 
+// A thread's sum of squares over elements begin + threadIdx.x + k blockDim.x,
+// in order of k. Four loads at a time (the loop is bound by memory latency),
+// added in the same order as one at a time.
 template <typename G>
 __device__ __forceinline__ double sumsq_chunk(const G* g, u64 begin, u64 end) {
     double acc = 0.0;
-    for (u64 i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const u64 step = blockDim.x;
+    u64 i = begin + threadIdx.x;
+    for (; i + 3 * step < end; i += 4 * step) {
+        double x[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) x[k] = (double)adamw_ld(g, i + k * step);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) acc += x[k] * x[k];  // exact: an f32 square fits an f64
+    }
+    for (; i < end; i += step) {
         const double x = (double)adamw_ld(g, i);
-        acc += x * x;  // exact: an f32 square fits an f64
+        acc += x * x;
     }
     return acc;
 }
