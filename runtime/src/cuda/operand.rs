@@ -9,7 +9,8 @@
 //! | NVFP4 | `quantize_nvfp4_2d` (`nvfp4.rs`): both directions from one read after one amax pass, writing codes (kept) or the BF16 decode(code) * s_q; the amax checks deferred | BF16 GEMM of decode(code) * s_q, both tensor scales t applied after it |
 //!
 //! The bias goes into the GEMM's epilogue where cuBLASLt fuses an f32 bias,
-//! else into `lin_epilogue`; column sums are `lin_colsum`. A non-finite FP8
+//! else into `lin_epilogue`. Column sums (db) come with the first FP8
+//! 128-block, MX or NVFP4 pass over dy, else from `lin_colsum`. A non-finite FP8
 //! amax is recorded on the device and raised by the next read-back or
 //! [`super::CudaContext::check_deferred`], so the step never waits for it.
 
