@@ -7,7 +7,7 @@
 //! the ranks in buckets ([`average_gradients`]) and divided by `N`, so every
 //! rank takes the same optimizer step. Three [`Collective`]s move the data:
 //! TCP on localhost for the CPU ([`tcp`]), NCCL through cudarc for CUDA and
-//! RCCL for ROCm ([`gpu`]).
+//! RCCL for ROCm (module `gpu`, built with the `cuda` feature).
 
 use std::fmt::Debug;
 
