@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the two GPU binaries with CUDA, strips them and copies them into
-# DIR (default .devbin-main, which .git/info/exclude should ignore) for the
+# DIR (default .devbin-main; .gitignore ignores /.devbin*/) for the
 # device tool's `carry`. They live in two packages: `--bins` at the root
 # builds `mxswitch` only, so `gpu_check` needs its own build (a stale one
 # measures old code).
