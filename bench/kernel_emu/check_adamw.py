@@ -129,8 +129,8 @@ def main():
                 i = next((i for i in range(n) if bits(gx[i]) != bits(wx[i])), None)
                 if i is not None:
                     bad.append(f"n={n} {name}[{i}]: {gx[i]!r}, want {wx[i]!r}")
-        sums = struct.unpack("<" + "d" * (len(open(f"{tmp}/out.sumsq", "rb").read()) // 8),
-                             open(f"{tmp}/out.sumsq", "rb").read())
+        raw = open(f"{tmp}/out.sumsq", "rb").read()
+        sums = struct.unpack(f"<{len(raw) // 8}d", raw)
         want = sumsq_ref([p[1] for p in params])
         if list(sums) != want:
             i = next((i for i in range(min(len(sums), len(want))) if sums[i] != want[i]), len(want))

@@ -19,8 +19,8 @@ is needed.
 import array
 import subprocess
 
-from emu_check import (SHAPES, E2M1, Tally, bf16_bits, bits, chunk_sums, cpu_quantize, e4m3, f32, setup, values,
-                       write_input)
+from emu_check import (SHAPES, E2M1, Tally, bf16_bits, chunk_sums, cpu_quantize, e4m3, f32, setup, sums_differ,
+                       values, write_input)
 
 MODES = {"floor": 0, "ceil": 1, "even": 2, "rceil": 3}
 # (format, scale rule, tile2d, Hadamard on row blocks, on column blocks, stochastic rounding)
@@ -65,13 +65,7 @@ def check_sums(tmp, xs, rows, cols):
     """The partial column sums against their order: per 32-row chunk, the
     column's 32 rows in order (the column warp's block, before any Hadamard)."""
     got = array.array("f", open(f"{tmp}/out.sums", "rb").read())
-    want = chunk_sums(xs, rows, cols, [range(32)], chunk_rows=32)
-    if len(got) != len(want):
-        return [f"sums: {len(got)} values, want {len(want)}"]
-    for i, (g, w) in enumerate(zip(got, want)):
-        if bits(g) != bits(w):
-            return [f"sums [{i // max(cols, 1)}, {i % max(cols, 1)}]: {g!r}, want {w!r}"]
-    return []
+    return sums_differ(got, chunk_sums(xs, rows, cols, [range(32)], chunk_rows=32))
 
 
 def main():

@@ -17,7 +17,8 @@ standard library is needed.
 import array
 import subprocess
 
-from emu_check import SHAPES, E2M1, Tally, bits, chunk_sums, cpu_quantize, e4m3, f32, setup, values, write_input
+from emu_check import (SHAPES, E2M1, Tally, bits, chunk_sums, cpu_quantize, e4m3, f32, setup, sums_differ, values,
+                       write_input)
 
 # (tile2d, Hadamard along the columns, along the rows, stochastic rounding, amax pass)
 CONFIGS = [(0, 0, 0, 0, "auto"), (0, 0, 1, 0, "auto"), (0, 0, 1, 1, "auto"), (1, 0, 0, 0, "auto"),
@@ -114,10 +115,7 @@ def main():
             bad += [err] if err else [f"{d}: {e}" for e in check_dir(tmp, d, rows, cols, xs, had, cpu)]
         got = array.array("f", open(f"{tmp}/out.sums", "rb").read())
         if amax == "auto" and not (had_c and dirs != "r"):
-            want = partial_sums(xs, rows, cols)
-            diff = next((i for i in range(len(want)) if bits(got[i]) != bits(want[i])), None)
-            if len(got) != len(want) or diff is not None:
-                bad.append(f"column sums: {len(got)} values, first difference at {diff}")
+            bad += sums_differ(got, partial_sums(xs, rows, cols))
         elif len(got):
             bad.append("column sums written by the tile kernel's amax pass")
         label = (f"{dtype} [{rows}, {cols}] {dirs} tile2d={tile2d} hadamard={had_c}{had_r} "

@@ -46,6 +46,15 @@ def chunk_sums(xs, rows, cols, groups, chunk_rows=128):
     return out
 
 
+def sums_differ(got, want):
+    """[] when the column sums `got` have the bits of `want`, else one line
+    naming the first difference."""
+    diff = next((i for i in range(min(len(got), len(want))) if bits(got[i]) != bits(want[i])), None)
+    if len(got) == len(want) and diff is None:
+        return []
+    return [f"column sums: {len(got)} values (want {len(want)}), first difference at {diff}"]
+
+
 def bf16_bits(v):
     """Round-to-nearest-even f32 -> BF16 bits of a finite f32 value."""
     b = bits(v)

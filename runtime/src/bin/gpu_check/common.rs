@@ -3,6 +3,7 @@
 
 use rayon::prelude::*;
 
+use mxswitch_runtime::cpu::CpuStorage;
 use mxswitch_runtime::cuda::{CudaContext, CudaError, DevBuf};
 use mxswitch_runtime::formats::bf16;
 use mxswitch_runtime::module::SplitMix64;
@@ -189,6 +190,18 @@ pub fn chunked_column_sums(
         .collect()
 }
 
+/// Column sums compared bit for bit (any NaN for any NaN): the first
+/// difference, or a length mismatch, as one line.
+pub fn same_sums(got: &[f32], want: &[f32]) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!("{} column sums, want {}", got.len(), want.len()));
+    }
+    match (0..want.len()).find(|&i| !same_f32(got[i], want[i])) {
+        Some(i) => Err(format!("column sum {i}: {}, want {}", got[i], want[i])),
+        None => Ok(()),
+    }
+}
+
 /// Same f32, every NaN equal to every NaN (payloads are not specified).
 pub fn same_f32(a: f32, b: f32) -> bool {
     (a.is_nan() && b.is_nan()) || a.to_bits() == b.to_bits()
@@ -282,6 +295,15 @@ pub fn dtype_name(dtype: DType) -> &'static str {
 /// BF16 bits of each value (round to nearest even).
 pub fn to_bf16(x: &[f32]) -> Vec<u16> {
     x.par_iter().map(|&v| bf16::from_f32(v)).collect()
+}
+
+/// Host values as a storage of `dtype` (f32, or BF16 bits).
+pub fn host(v: &[f32], dtype: DType) -> CpuStorage {
+    if dtype == DType::BF16 {
+        CpuStorage::BF16(to_bf16(v))
+    } else {
+        CpuStorage::F32(v.to_vec())
+    }
 }
 
 /// BF16 bits widened to f32 (exact).

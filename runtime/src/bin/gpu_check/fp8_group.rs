@@ -13,7 +13,8 @@ use mxswitch_runtime::quant::{
 use mxswitch_runtime::DType;
 
 use crate::common::{
-    chunked_column_sums, device_input, dtype_name, first_diff, gpu, none_bad, same_f32, Report, Rng,
+    chunked_column_sums, device_input, dtype_name, first_diff, gpu, none_bad, same_f32, same_sums,
+    Report, Rng,
 };
 use crate::gemm::{gemm_entries, reference};
 
@@ -142,10 +143,7 @@ fn compare(
         match got {
             Some(s) if sums && block && rows * cols > 0 => {
                 let got = gpu(ctx.download::<f32>(&s, cols))?;
-                let want = block2d_column_sums(&x, (rows, cols));
-                if let Some(i) = (0..cols).find(|&i| !same_f32(got[i], want[i])) {
-                    return Err(format!("column sum {i}: {}, want {}", got[i], want[i]));
-                }
+                same_sums(&got, &block2d_column_sums(&x, (rows, cols)))?;
             }
             None if !(sums && block && rows * cols > 0) => {}
             s => {

@@ -30,7 +30,7 @@ use mxswitch_runtime::qlinear::{self, LinearCall, LinearCtx, LinearShape};
 use mxswitch_runtime::recipe::{Recipe, RecipeKind};
 use mxswitch_runtime::DType;
 
-use crate::common::{cpu, err, gpu, normal_chunks, to_bf16, widen, CheckResult, Report};
+use crate::common::{cpu, err, gpu, host, normal_chunks, widen, CheckResult, Report};
 use crate::linear_ref::{gemm_refs, same_saved, within_bound};
 
 /// `rows x cols` normal values times `scale`, each row also scaled by
@@ -39,15 +39,6 @@ pub fn data(rows: usize, cols: usize, seed: u64, scale: f64) -> Vec<f32> {
     normal_chunks(rows * cols, cols, seed, |r| {
         scale * 2f64.powi((r % 7) as i32 - 3)
     })
-}
-
-/// Host values as a storage of `dtype` (f32, or BF16 bits).
-fn host(v: &[f32], dtype: DType) -> CpuStorage {
-    if dtype == DType::BF16 {
-        CpuStorage::BF16(to_bf16(v))
-    } else {
-        CpuStorage::F32(v.to_vec())
-    }
 }
 
 /// `v` on the GPU as `dtype`.

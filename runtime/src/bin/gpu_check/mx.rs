@@ -16,8 +16,8 @@ use mxswitch_runtime::recipe::{Recipe, RecipeKind};
 use mxswitch_runtime::DType;
 
 use crate::common::{
-    chunked_column_sums, device_input, dtype_name, err, first_diff, gpu, none_bad, same_f32, Cases,
-    Report, Rng,
+    chunked_column_sums, device_input, dtype_name, err, first_diff, gpu, none_bad, same_f32,
+    same_sums, Cases, Report, Rng,
 };
 use crate::linear::{upload, values};
 
@@ -392,15 +392,6 @@ fn compare_column_sums(
     };
     let q = xs.quantize(&req).map_err(err)?;
     let sums = q.column_sums.ok_or("no column sums")?;
-    let got = values(&sums)?;
     let want = chunked_column_sums(&x, (rows, cols), (32, (1, 32)), |_, i| i);
-    match (0..want.len()).find(|&i| got.len() != want.len() || !same_f32(got[i], want[i])) {
-        Some(i) => Err(format!(
-            "{rows}x{cols}: column sum {i}: {:e}, want {:e}",
-            got.get(i).copied().unwrap_or(f32::NAN),
-            want[i]
-        )),
-        None if got.len() != want.len() => Err(format!("{} sums, want {}", got.len(), want.len())),
-        None => Ok(()),
-    }
+    same_sums(&values(&sums)?, &want).map_err(|e| format!("{rows}x{cols}: {e}"))
 }

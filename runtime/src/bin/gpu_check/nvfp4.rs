@@ -17,7 +17,7 @@ use mxswitch_runtime::quant::{quantize_nvfp4, quantize_nvfp4_rows, Nvfp4Config, 
 use mxswitch_runtime::{DType, Error};
 
 use crate::common::{
-    chunked_column_sums, device_input, dtype_name, first_diff, gpu, none_bad, same_f32, Cases,
+    chunked_column_sums, device_input, dtype_name, first_diff, gpu, none_bad, same_sums, Cases,
     Report, Rng,
 };
 use crate::mx::{hex, SR_KEY};
@@ -239,10 +239,7 @@ fn compare_pair(
     match (sums, c.hadamard || dims.0 * dims.1 == 0) {
         (Some(s), false) => {
             let got = gpu(ctx.download::<f32>(&s, dims.1))?;
-            let want = amax_pass_column_sums(x, dims);
-            if let Some(i) = (0..dims.1).find(|&i| !same_f32(got[i], want[i])) {
-                return Err(format!("column sum {i}: {}, want {}", got[i], want[i]));
-            }
+            same_sums(&got, &amax_pass_column_sums(x, dims))?;
         }
         (None, true) => {}
         (s, _) => {

@@ -9,7 +9,7 @@ use mxswitch_runtime::cuda::CudaDevice;
 use mxswitch_runtime::formats::bf16;
 use mxswitch_runtime::{DType, Device, Layout, Shape, Tensor};
 
-use crate::common::{bf16_ulp, compare, err, f32_ulp, Report, Rng};
+use crate::common::{bf16_ulp, compare, err, f32_ulp, host, Report, Rng};
 use crate::ops::{sample, Dist, GPU};
 
 /// The backend methods with two outputs or no Tensor-level form: norm_last_dim
@@ -23,10 +23,7 @@ pub fn backend_checks(rep: &mut Report) {
     let mut rng = Rng::new(77);
     for dtype in [DType::F32, DType::BF16] {
         let data = sample(&mut rng, 6 * 300, Dist::Sym);
-        let host = match dtype {
-            DType::BF16 => CpuStorage::BF16(data.iter().map(|&v| bf16::from_f32(v)).collect()),
-            _ => CpuStorage::F32(data.clone()),
-        };
+        let xh = host(&data, dtype);
         let widen = |s: &CpuStorage| -> Vec<f32> {
             match s {
                 CpuStorage::F32(v) => v.clone(),
@@ -37,9 +34,9 @@ pub fn backend_checks(rep: &mut Report) {
         let bf = dtype == DType::BF16;
         let layout = Layout::contiguous(Shape::from([6, 300]));
         let r = (|| -> std::result::Result<(), String> {
-            let g = dev.storage_from_cpu(host.clone()).map_err(err)?;
+            let g = dev.storage_from_cpu(xh.clone()).map_err(err)?;
             for rms in [false, true] {
-                let (cy, cr) = host.norm_last_dim(&layout, 1e-5, rms).map_err(err)?;
+                let (cy, cr) = xh.norm_last_dim(&layout, 1e-5, rms).map_err(err)?;
                 let (gy, gr) = g.norm_last_dim(&layout, 1e-5, rms).map_err(err)?;
                 let (cy, gy) = (widen(&cy), widen(&gy.to_cpu_storage().map_err(err)?));
                 let (cr, gr) = (widen(&cr), widen(&gr.to_cpu_storage().map_err(err)?));
@@ -65,15 +62,11 @@ pub fn backend_checks(rep: &mut Report) {
             // The activations' backward: g times the slope at x, where the
             // slope is within 4 ulp + 2^-21 (cancellation in 1 - s and
             // 1 + x (1 - s)), so the product within 8 ulp + 2^-21 |g|.
-            let grads = sample(&mut rng, 6 * 300, Dist::Sym);
-            let gh = match dtype {
-                DType::BF16 => CpuStorage::BF16(grads.iter().map(|&v| bf16::from_f32(v)).collect()),
-                _ => CpuStorage::F32(grads.clone()),
-            };
+            let gh = host(&sample(&mut rng, 6 * 300, Dist::Sym), dtype);
             let gd = dev.storage_from_cpu(gh.clone()).map_err(err)?;
             let gw = widen(&gh);
             for op in [BinaryOp::SiluBackward, BinaryOp::GeluTanhBackward] {
-                let c = widen(&gh.binary(&layout, &host, &layout, op).map_err(err)?);
+                let c = widen(&gh.binary(&layout, &xh, &layout, op).map_err(err)?);
                 let gg = widen(
                     &gd.binary(&layout, &g, &layout, op)
                         .map_err(err)?
