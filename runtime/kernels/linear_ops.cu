@@ -189,12 +189,14 @@ extern "C" __global__ void lin_colsum_partial(const void* x, int in_kind, float*
     for (u32 j = 0; j < n; ++j) partial[(u64)blockIdx.y * cols + c0 + j] = s[j];
 }
 
-// Pass 2: out[c] = sum over chunks of partial[chunk][c], in chunk order.
+// [alpha, beta] = [scale_a * scale_b, 0] for a GEMM that reads them on the
+// device: the product lin_epilogue would apply.
 extern "C" __global__ void lin_scale_pair(const float* scale_a, const float* scale_b, float* out) {
     out[0] = scale_a[0] * scale_b[0];
     out[1] = 0.0f;
 }
 
+// Pass 2: out[c] = sum over chunks of partial[chunk][c], in chunk order.
 extern "C" __global__ void lin_colsum_final(const float* partial, float* out, u32 chunks, u32 cols) {
     const u32 c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
