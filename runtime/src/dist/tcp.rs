@@ -2,9 +2,9 @@
 //! only, so CI trains real multi-rank runs without a GPU.
 //!
 //! A star: rank 0 listens at the rendezvous and every other rank connects
-//! and says its rank, and rank 0 answers with the world size. A sum sends each rank's values to rank 0, which adds
-//! them in rank order and sends the result back, so every rank gets the
-//! same bits.
+//! and says its rank, and rank 0 answers with the world size. A sum sends
+//! each rank's values to rank 0, which adds them in rank order and sends the
+//! result back, so every rank gets the same bits.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
